@@ -137,7 +137,10 @@ class Hooks:
         partition="gpu",
         env=None,
         args=(),
+        quiet=True,
     ):
+        """Run a hook; it must exit 0 and, unless told otherwise, print nothing
+        (problems go to the logger, a shell error would show up on stderr)."""
         p = subprocess.run(
             [*self.shell, str(script), *args],
             env=self.env(job, gpus, user, account, partition, env),
@@ -146,6 +149,8 @@ class Hooks:
             timeout=60,
         )
         assert p.returncode == 0, (p.returncode, p.stderr)
+        if quiet:
+            assert p.stderr == "" and p.stdout == "", (p.stdout, p.stderr)
         return p
 
     def prolog(self, job, gpus=None, **kw):
@@ -662,7 +667,9 @@ def test_full_disk_keeps_previous_files(hooks, mounts):
 
 
 def test_logger_failure_falls_back_to_stderr(hooks):
-    p = hooks.prolog("x", "0", env={"LOGGER": str(hooks.root / "no-such-logger")})
+    p = hooks.prolog(
+        "x", "0", env={"LOGGER": str(hooks.root / "no-such-logger")}, quiet=False
+    )
     assert "SLURM_JOB_ID 'x' is not a job id" in p.stderr
 
 
@@ -991,7 +998,7 @@ def test_concurrent_prologs_and_epilogs(tmp_path, shell, scope):
                     procs.append(start(EPILOG, previous[i]))
             for p in procs:
                 _, err = p.communicate(timeout=120)
-                assert p.returncode == 0, err
+                assert p.returncode == 0 and err == b"", err
             expect(current)
             previous = current
     finally:
