@@ -1,0 +1,43 @@
+#!/bin/sh
+# Build an offline bundle.
+#   scripts/bundle.sh upstream [ansible-playbook args]   from the upstream release hosts (connected machine)
+#   scripts/bundle.sh local    [ansible-playbook args]   from the local mirror (Debian packages repacked in the
+#                                                         upstream layout; see scripts/local-mirror/build.py)
+# The local bundle goes to .cache/bundle-local/bundle (files/bundle is left alone) and is partial by nature:
+# components without a Debian package, the grafana.com dashboards and Galaxy are not reachable from it.
+set -eu
+cd "$(dirname "$0")/.."
+mode=${1:-}
+[ $# -gt 0 ] && shift
+case "$mode" in
+  upstream)
+    exec ansible-playbook playbooks/bundle.yml "$@"
+    ;;
+  local)
+    python3 scripts/local-mirror/build.py mirror --out .cache/mirror
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    python3 -m http.server --bind 127.0.0.1 --directory .cache/mirror "$port" >.cache/mirror-server.log 2>&1 &
+    server=$!
+    trap 'kill $server 2>/dev/null || true' EXIT INT TERM
+    python3 - "$port" <<'PY'
+import sys, time, urllib.request
+for _ in range(50):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%s/" % sys.argv[1], timeout=1)
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit("local mirror server did not start")
+PY
+    mkdir -p .cache/bundle-local
+    ansible-playbook playbooks/bundle.yml \
+      -e "hpcobs_bundle_base_url=http://127.0.0.1:$port" \
+      -e "hpcobs_bundle_dir=$PWD/.cache/bundle-local/bundle" \
+      -e "hpcobs_bundle_archive=$PWD/.cache/bundle-local/hpcobs-bundle-local.tar.gz" \
+      -e '{"hpcobs_bundle_allow_missing": true}' "$@"
+    ;;
+  *)
+    echo "usage: $0 upstream|local [ansible-playbook args]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,61 @@
+#!/bin/sh
+# Prepare this machine (Debian 12+, as root) for the lab and the tests. Idempotent; safe to re-run.
+#  - host packages: podman + runc (systemd containers), debootstrap, make, ...
+#  - a containers.conf drop-in: runc as the OCI runtime (crun refuses hybrid cgroups) and ulimits the kernel allows
+#  - .venv with the pinned Python tooling (requirements-dev.txt), rebuilt only when a requirements file changes
+#  - collections/ from the offline bundle when one is present (files/bundle/collections)
+set -eu
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: run as root (it installs packages and configures podman)" >&2
+  exit 1
+fi
+
+packages="podman runc debootstrap uidmap slirp4netns fuse-overlayfs iptables make curl xz-utils unzip python3-venv"
+missing=""
+for pkg in $packages; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
+done
+if [ -n "$missing" ]; then
+  say "installing:$missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+dropin=/etc/containers/containers.conf.d/50-hpcobs.conf
+want='[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=20000:20000"]
+
+[engine]
+runtime = "runc"'
+if [ "$(cat "$dropin" 2>/dev/null)" != "$want" ]; then
+  mkdir -p "$(dirname "$dropin")"
+  printf '%s\n' "$want" >"$dropin"
+  say "wrote $dropin"
+fi
+
+python=${PYTHON:-python3}
+stamp=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.hpcobs-stamp 2>/dev/null)" != "$stamp" ]; then
+  say "creating .venv with the pinned tooling ($($python --version))"
+  rm -rf .venv
+  "$python" -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+  echo "$stamp" >.venv/.hpcobs-stamp
+fi
+
+bundle=${HPCOBS_BUNDLE_DIR:-files/bundle}
+if ls "$bundle"/collections/*.tar.gz >/dev/null 2>&1; then
+  for tarball in "$bundle"/collections/*.tar.gz; do
+    name=$(basename "$tarball" .tar.gz)
+    [ -f "collections/.installed-$name" ] && continue
+    .venv/bin/ansible-galaxy collection install --offline --force -p collections "$tarball" >/dev/null
+    touch "collections/.installed-$name"
+    say "installed collection $name from the bundle"
+  done
+fi
+say "ready"
