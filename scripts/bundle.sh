@@ -15,6 +15,13 @@ case "$mode" in
     ;;
   local)
     python3 scripts/local-mirror/build.py mirror --out .cache/mirror
+    # Rebuild only when an input changed (the mirror, the playbook and its code, requirements.yml, the arguments).
+    key=$( (cat .cache/mirror/.hpcobs-inputs-mirror playbooks/bundle.yml playbooks/filter_plugins/*.py \
+            requirements.yml scripts/pack-collection.py; echo "$*") | sha256sum | cut -c1-20)
+    if [ -f .cache/bundle-local/bundle/manifest.json ] && [ "$(cat .cache/bundle-local/.key 2>/dev/null)" = "$key" ]; then
+      echo "bundle: .cache/bundle-local/bundle is up to date"
+      exit 0
+    fi
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     python3 -m http.server --bind 127.0.0.1 --directory .cache/mirror "$port" >.cache/mirror-server.log 2>&1 &
     server=$!
@@ -35,6 +42,7 @@ PY
       -e "hpcobs_bundle_dir=$PWD/.cache/bundle-local/bundle" \
       -e "hpcobs_bundle_archive=$PWD/.cache/bundle-local/hpcobs-bundle-local.tar.gz" \
       -e '{"hpcobs_bundle_allow_missing": true}' "$@"
+    echo "$key" >.cache/bundle-local/.key
     ;;
   *)
     echo "usage: $0 upstream|local [ansible-playbook args]" >&2

@@ -1,0 +1,76 @@
+# hpcobs entry points. Every target sets up what it needs (as root on Debian 12+): see scripts/setup.sh.
+#   make lab        simulated GPU cluster in containers, deployed by playbooks/site.yml
+#   make test       lint + unit tests + every Molecule scenario; one-line summary at the end
+#   make bundle     offline bundle from the upstream release hosts (connected machine)
+SHELL := /bin/sh
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+export HPCOBS_TOOLS_BIN := $(CURDIR)/.cache/tools/bin
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+SCENARIOS ?=
+BUNDLE ?=
+BUNDLE_ARGS ?=
+NODE ?= gpu01
+GPU ?= 0
+FAULT ?= ecc-dbe
+CODE ?=
+
+.PHONY: help setup images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-status \
+        test lint unit molecule bench
+
+help:
+	@sed -n 's/^#   //p' Makefile
+	@echo "Other targets: setup images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-status lint unit molecule bench"
+
+setup:
+	@scripts/setup.sh
+
+images: setup
+	@scripts/build-images.sh
+
+tools: setup
+	@python3 scripts/local-mirror/build.py tools --out .cache/tools/bin
+
+bundle: setup
+	@scripts/bundle.sh upstream $(BUNDLE_ARGS)
+
+bundle-local: setup
+	@scripts/bundle.sh local $(BUNDLE_ARGS)
+
+# Check every file of an unpacked bundle against its SHA256SUMS (default: files/bundle).
+bundle-verify:
+	@cd $${HPCOBS_BUNDLE_DIR:-files/bundle} && sha256sum --check --strict --quiet SHA256SUMS && echo "bundle: every file verified"
+
+# Unpack a carried bundle (make unbundle BUNDLE=/media/hpcobs-bundle-YYYYMMDD.tar.gz) into files/bundle, verified.
+unbundle:
+	@scripts/unbundle.sh "$(BUNDLE)"
+
+lab: setup
+	@scripts/lab.sh up
+
+lab-down:
+	@scripts/lab.sh down
+
+lab-status:
+	@scripts/lab.sh status
+
+lab-fault:
+	@scripts/lab.sh fault "$(NODE)" "$(GPU)" "$(FAULT)" "$(CODE)"
+
+lab-jobs:
+	@scripts/lab.sh jobs
+
+test:
+	@scripts/test.sh
+
+lint: setup
+	@scripts/test.sh lint
+
+unit: setup tools
+	@scripts/test.sh unit
+
+molecule: setup
+	@scripts/test.sh molecule $(SCENARIOS)
+
+bench: setup
+	@scripts/bench.sh

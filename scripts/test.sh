@@ -1,0 +1,134 @@
+#!/bin/sh
+# The project's test run (make test). Sets everything up itself on a fresh Debian 12 machine (as root):
+#   1. setup (host packages, podman config, .venv), test images, test tools and a bundle from the local mirror
+#   2. lint: ansible-lint (production profile), yamllint
+#   3. unit: pytest tests/
+#   4. every Molecule scenario (molecule/*/molecule.yml; the full-stack "default" last)
+# Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
+#
+#   scripts/test.sh                    everything
+#   scripts/test.sh lint | unit        one phase
+#   scripts/test.sh molecule [NAME..]  some or all scenarios
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH="$root/.venv/bin:$PATH"
+export ANSIBLE_CONFIG="$root/ansible.cfg"
+export HPCOBS_TOOLS_BIN="$root/.cache/tools/bin"
+# The tests install from the local-mirror bundle plus the stand-ins of molecule/standins (components that cannot
+# be had here); the local-mirror bundle itself stays as built.
+export HPCOBS_BUNDLE_DIR="${HPCOBS_TEST_BUNDLE_DIR:-$root/.cache/bundle-test/bundle}"
+export PY_COLORS=1 ANSIBLE_FORCE_COLOR=1
+mkdir -p .cache/logs
+
+results=""
+failed=0
+started=$(date +%s)
+
+note() { printf '\n==== %s ====\n' "$*"; }
+record() { # name status seconds
+  results="$results $1:$2(${3}s)"
+  [ "$2" = ok ] || failed=1
+}
+run_step() { # name command...
+  name=$1; shift
+  t0=$(date +%s)
+  note "$name"
+  if "$@"; then status=ok; else status=FAIL; fi
+  record "$name" "$status" $(( $(date +%s) - t0 ))
+}
+
+prepare() {
+  mkdir -p .cache
+  # One preparation at a time on this machine (two test runs must not build the same bundle at once).
+  exec 9>.cache/prepare.lock
+  flock 9
+  scripts/setup.sh || return 1
+  # Images (debootstrap) and the local-mirror bundle are independent: build them side by side.
+  scripts/build-images.sh >.cache/logs/images.log 2>&1 &
+  images=$!
+  { python3 scripts/local-mirror/build.py tools --out .cache/tools/bin &&
+    scripts/bundle.sh local &&
+    python3 molecule/standins/build-test-bundle.py --from .cache/bundle-local/bundle --to "$HPCOBS_BUNDLE_DIR"
+  } >.cache/logs/bundle.log 2>&1
+  bundle_rc=$?
+  wait $images
+  images_rc=$?
+  grep -E "build-images:" .cache/logs/images.log
+  grep -E "local-mirror:|MISSING|Bundle:|bundle:|stand-in" .cache/logs/bundle.log | sed 's/^ *//'
+  exec 9>&-
+  [ $images_rc = 0 ] || { tail -30 .cache/logs/images.log; echo "images: FAILED"; }
+  [ $bundle_rc = 0 ] || { tail -40 .cache/logs/bundle.log; echo "bundle: FAILED"; }
+  [ $images_rc = 0 ] && [ $bundle_rc = 0 ]
+}
+
+lint() {
+  rc=0
+  yamllint --strict . || rc=1
+  ansible-lint --profile production --offline || rc=1
+  return $rc
+}
+
+unit() {
+  pytest -q tests
+}
+
+scenarios() {
+  if [ $# -gt 0 ]; then
+    echo "$@"
+    return
+  fi
+  for file in molecule/*/molecule.yml; do
+    name=$(basename "$(dirname "$file")")
+    [ "$name" = default ] || printf '%s ' "$name"
+  done
+  [ -f molecule/default/molecule.yml ] && printf 'default'
+  echo
+}
+
+molecule_all() {
+  rc=0
+  for scenario in $(scenarios "$@"); do
+    t0=$(date +%s)
+    note "molecule $scenario"
+    log=.cache/logs/molecule-$scenario.log
+    if molecule test -s "$scenario" >"$log" 2>&1; then
+      status=ok
+      grep -E "passed|failed" "$log" | grep -E "=====" | tail -1
+    else
+      status=FAIL
+      rc=1
+      grep -vE "^\s*$" "$log" | tail -60
+    fi
+    record "molecule:$scenario" "$status" $(( $(date +%s) - t0 ))
+  done
+  return $rc
+}
+
+phase=${1:-all}
+[ $# -gt 0 ] && shift
+case "$phase" in
+  all)
+    run_step prepare prepare
+    if [ $failed = 0 ]; then
+      run_step lint lint
+      run_step unit unit
+      molecule_all
+    fi
+    ;;
+  lint) scripts/setup.sh && run_step lint lint ;;
+  unit) run_step unit unit ;;
+  molecule)
+    run_step prepare prepare
+    [ $failed = 0 ] && molecule_all "$@"
+    ;;
+  *) echo "usage: $0 [all|lint|unit|molecule [scenario...]]" >&2; exit 2 ;;
+esac
+
+elapsed=$(( $(date +%s) - started ))
+if [ $failed = 0 ]; then
+  printf '\nTEST SUMMARY: PASSED in %dm%02ds —%s\n' $((elapsed / 60)) $((elapsed % 60)) "$results"
+else
+  printf '\nTEST SUMMARY: FAILED in %dm%02ds —%s\n' $((elapsed / 60)) $((elapsed % 60)) "$results"
+fi
+exit $failed
