@@ -1,0 +1,208 @@
+"""Damaged bundles and bad input stop the play with a clear message before anything changes on any host.
+
+Each case runs ansible-playbook against the scenario's fresh hosts with a modified copy of the test bundle (files
+are hard links; only manifest.json or the damaged file differ) or with bad variables, then checks the message and
+that no file on the hosts changed. The last cases install for real and show that a damaged bundle on a re-run
+leaves the running service and its binary as they were.
+"""
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SCENARIO = os.path.join(ROOT, "molecule", "bundle_faults")
+HOSTS = ["bf-debian12", "bf-debian13"]
+# Paths that change on their own on a running host (journal, runtime state) or hold Ansible's own temp files.
+VOLATILE = ("/proc", "/sys", "/run", "/dev", "/tmp", "/var/tmp", "/var/log", "/var/cache", "/root/.ansible",
+            "/var/lib/systemd")
+
+
+def podman(host, command):
+    return subprocess.run(["podman", "exec", host, "sh", "-c", command], capture_output=True, text=True)
+
+
+def source_bundle():
+    path = os.environ.get("HPCOBS_BUNDLE_DIR") or os.path.join(ROOT, ".cache", "bundle-test", "bundle")
+    assert os.path.exists(os.path.join(path, "manifest.json")), "no test bundle at %s" % path
+    return path
+
+
+def copy_bundle(dest):
+    """A cheap copy of the test bundle: hard links, except manifest.json which is a real copy."""
+    src = source_bundle()
+    shutil.copytree(src, dest, copy_function=os.link)
+    os.remove(os.path.join(dest, "manifest.json"))
+    shutil.copy(os.path.join(src, "manifest.json"), os.path.join(dest, "manifest.json"))
+    with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def write_manifest(bundle_dir, manifest):
+    with open(os.path.join(bundle_dir, "manifest.json"), "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=2)
+
+
+def damage(bundle_dir, relpath):
+    """Replace a bundle file by a damaged copy (the original, hard-linked elsewhere, stays intact)."""
+    path = os.path.join(bundle_dir, relpath)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    os.remove(path)
+    with open(path, "wb") as handle:
+        handle.write(data + b"\0")
+    return hashlib.sha256(data + b"\0").hexdigest()
+
+
+def run_play(playbook="apply.yml", bundle_dir=None, extra=(), env=None):
+    environment = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                       ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"))
+    if bundle_dir:
+        environment["HPCOBS_BUNDLE_DIR"] = bundle_dir
+    environment.update(env or {})
+    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, playbook)]
+    for item in extra:
+        cmd += ["-e", item]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environment, timeout=900)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def untouched():
+    """Assert that the hosts' files did not change while the test ran."""
+    for host in HOSTS:
+        assert podman(host, "touch /root/.hpcobs-marker && sleep 1").returncode == 0
+    yield
+    prune = " -o ".join("-path %s" % p for p in VOLATILE)
+    for host in HOSTS:
+        out = podman(host, "find / -xdev \\( %s \\) -prune -o -newer /root/.hpcobs-marker -print" % prune)
+        changed = [line for line in out.stdout.splitlines() if line not in ("/", "/root")]
+        assert changed == [], "%s changed: %s" % (host, changed[:20])
+        assert podman(host, "getent passwd node_exporter").returncode != 0
+        assert podman(host, "test -e /usr/local/bin/node_exporter").returncode != 0
+
+
+def test_checksum_mismatch_names_file_and_both_checksums(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    entry = manifest["components"]["node_exporter"]["files"]["amd64"]
+    actual = damage(bundle_dir, entry["path"])
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert entry["path"] in out
+    assert "has sha256 %s but manifest.json says %s" % (actual, entry["sha256"]) in out
+    assert "nothing was changed on any host" in out
+
+
+def test_every_architecture_among_the_targets_is_verified(tmp_path, untouched):
+    """One host presents itself as aarch64 (fact cache): the damaged arm64 file stops the play on both hosts."""
+    cache = tmp_path / "facts"
+    env = {"ANSIBLE_CACHE_PLUGIN": "jsonfile", "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache),
+           "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "3600", "ANSIBLE_CACHE_PLUGIN_PREFIX": "host-"}
+    proc = subprocess.run(["ansible", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "all", "-m", "ansible.builtin.setup"],
+                          capture_output=True, text=True, env=dict(os.environ, **env), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    cached = sorted(cache.glob("host-*bf-debian13"))
+    assert len(cached) == 1, "fact cache: %s" % sorted(os.listdir(cache))
+    facts_file = cached[0]
+
+    def set_arch(arch):
+        # ansible-core >= 2.19 wraps the cached facts as a JSON string under "__payload__"
+        stored = json.loads(facts_file.read_text())
+        facts = json.loads(stored["__payload__"]) if "__payload__" in stored else stored
+        facts["ansible_architecture"] = arch
+        if "__payload__" in stored:
+            stored["__payload__"] = json.dumps(facts)
+        else:
+            stored = facts
+        facts_file.write_text(json.dumps(stored))
+
+    set_arch("aarch64")
+
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    entry = manifest["components"]["node_exporter"]["files"]["arm64"]
+    damage(bundle_dir, entry["path"])
+    rc, out = run_play("apply-cached-facts.yml", bundle_dir=bundle_dir, env=env)
+    assert rc != 0
+    assert entry["path"] in out and "but manifest.json says %s" % entry["sha256"] in out
+    assert "bf-debian12" in out and "bf-debian13" in out
+
+    set_arch("ppc64le")
+    rc, out = run_play("apply-cached-facts.yml", bundle_dir=source_bundle(), env=env)
+    assert rc != 0
+    assert "Unsupported architecture on bf-debian13: ppc64le" in out
+
+
+def test_component_missing_from_the_bundle(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    del manifest["components"]["node_exporter"]
+    manifest["missing"].append({"component": "node_exporter", "arch": "amd64", "url": "https://example.invalid/x",
+                                "reason": "checksum file unavailable: HTTP Error 404"})
+    write_manifest(bundle_dir, manifest)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "has no node_exporter: checksum file unavailable: HTTP Error 404" in out
+    assert "It has: alertmanager" in out
+
+
+def test_architecture_missing_from_the_bundle(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    del manifest["components"]["node_exporter"]["files"]["amd64"]
+    write_manifest(bundle_dir, manifest)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "has node_exporter for arm64 only" in out
+    assert "bf-debian12, bf-debian13 need amd64" in out
+
+
+def test_no_bundle_at_all(tmp_path, untouched):
+    rc, out = run_play(bundle_dir=str(tmp_path / "nowhere"))
+    assert rc != 0
+    assert "No offline bundle at %s" % (tmp_path / "nowhere") in out
+    assert "make bundle" in out
+
+
+@pytest.mark.parametrize("variable,message", [
+    ('{"node_exporter_ready_timeout": "soon"}', "node_exporter_ready_timeout"),
+    ('{"node_exporter_collectors_enabled": {"systemd": true}}', "node_exporter_collectors_enabled"),
+    ('{"node_exporter_listen_address": "9100"}', 'node_exporter_listen_address must be [host]:port (got "9100")'),
+    ('{"node_exporter_textfile_dir": "var/lib/textfile"}', "node_exporter_textfile_dir an absolute path"),
+    ('{"node_exporter_collectors_disabled": ["wifi; rm -rf /"]}', "collector names like"),
+])
+def test_bad_variables_are_refused(variable, message, untouched):
+    rc, out = run_play(bundle_dir=source_bundle(), extra=[variable])
+    assert rc != 0
+    assert message in out
+
+
+def test_install_then_a_damaged_bundle_leaves_the_running_service_alone(tmp_path):
+    rc, out = run_play(bundle_dir=source_bundle())
+    assert rc == 0, out[-3000:]
+    before = {h: podman(h, "sha256sum /usr/local/bin/node_exporter; systemctl show -p MainPID --value node_exporter"
+                        ).stdout for h in HOSTS}
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    damage(bundle_dir, manifest["components"]["node_exporter"]["files"]["amd64"]["path"])
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0 and "but manifest.json says" in out
+    for host in HOSTS:
+        assert podman(host, "sha256sum /usr/local/bin/node_exporter; systemctl show -p MainPID --value node_exporter"
+                      ).stdout == before[host]
+        assert podman(host, "systemctl is-active node_exporter").stdout.strip() == "active"
+
+
+def test_stale_unpacked_cache_is_not_trusted_blindly(tmp_path):
+    """The controller's unpack cache is keyed by the verified archive's sha256: a damaged archive never maps to it."""
+    caches = glob.glob(os.path.expanduser("~/.cache/hpcobs/artifacts/*/.hpcobs-unpacked"))
+    manifest = json.load(open(os.path.join(source_bundle(), "manifest.json"), encoding="utf-8"))
+    digests = {f["sha256"] for c in manifest["components"].values() for f in c["files"].values()}
+    assert caches, "the install above should have unpacked at least one archive"
+    for marker in caches:
+        assert os.path.basename(os.path.dirname(marker)) in digests
