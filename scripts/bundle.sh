@@ -14,6 +14,9 @@ case "$mode" in
     exec ansible-playbook playbooks/bundle.yml "$@"
     ;;
   local)
+    mkdir -p .cache
+    exec 8>.cache/bundle-local.lock
+    flock 8    # one builder at a time on this machine
     python3 scripts/local-mirror/build.py mirror --out .cache/mirror
     # Rebuild only when an input changed (the mirror, the playbook and its code, requirements.yml, the arguments).
     key=$( (cat .cache/mirror/.hpcobs-inputs-mirror playbooks/bundle.yml playbooks/filter_plugins/*.py \

@@ -1,0 +1,183 @@
+#!/bin/sh
+# The lab: a simulated GPU cluster in podman containers on this machine, deployed by the same playbooks as a site.
+#
+#   scripts/lab.sh up                       build what is missing, start mgmt01 slurmctl01 gpu01 gpu02, run site.yml
+#   scripts/lab.sh down                     remove the containers and their network
+#   scripts/lab.sh status                   what runs and where
+#   scripts/lab.sh fault NODE GPU KIND [CODE]   inject a simulated GPU fault (KIND clear removes faults)
+#   scripts/lab.sh jobs                     submit a mix of Slurm jobs across two accounts
+#
+# Every service is published on 127.0.0.1 only. The bundle comes from files/bundle when one is there (built with
+# make bundle on a connected machine), else from upstream, else from the local mirror (.cache/bundle-local).
+set -eu
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH="$root/.venv/bin:$PATH"
+export ANSIBLE_CONFIG="$root/ansible.cfg"
+
+network=hpcobs-lab
+prefix=hpcobs-lab-
+hosts="mgmt01 slurmctl01 gpu01 gpu02"
+state=.cache/lab
+mkdir -p "$state"
+
+say() { printf 'lab: %s\n' "$*"; }
+
+# host: published ports "hostport:containerport ..." (127.0.0.1 only)
+ports() {
+  case "$1" in
+    mgmt01) echo "8428:8428 8880:8880 9093:9093 3000:3000 3100:3100 29100:9100" ;;
+    slurmctl01) echo "29101:9100" ;;
+    gpu01) echo "29102:9100 29402:9400 29292:9290 29632:9633" ;;
+    gpu02) echo "29103:9100 29403:9400 29293:9290 29633:9633" ;;
+  esac
+}
+
+choose_bundle() {
+  if [ -n "${HPCOBS_BUNDLE_DIR:-}" ] && [ -f "$HPCOBS_BUNDLE_DIR/manifest.json" ]; then
+    echo "$HPCOBS_BUNDLE_DIR"
+  elif [ -f files/bundle/manifest.json ]; then
+    echo "$root/files/bundle"
+  elif scripts/bundle.sh upstream >"$state/bundle-upstream.log" 2>&1; then
+    echo "$root/files/bundle"
+  else
+    say "upstream release hosts unreachable (see $state/bundle-upstream.log); using the local mirror" >&2
+    scripts/bundle.sh local >"$state/bundle-local.log" 2>&1 || { tail -30 "$state/bundle-local.log" >&2; exit 1; }
+    echo "$root/.cache/bundle-local/bundle"
+  fi
+}
+
+# Components the bundle lacks: deployed by nothing, said out loud.
+missing_components() {
+  python3 - "$1" <<'PY'
+import json, sys
+manifest = json.load(open(sys.argv[1] + "/manifest.json"))
+wanted = ["node_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "victoriametrics", "vmutils",
+          "alertmanager", "loki", "grafana"]
+role = {"vmutils": "vmalert"}
+print(" ".join(sorted({role.get(c, c) for c in wanted if c not in manifest["components"]})))
+PY
+}
+
+create() {
+  podman network exists "$network" || podman network create "$network" >/dev/null
+  for host in $hosts; do
+    name=$prefix$host
+    if podman container exists "$name"; then
+      [ "$(podman inspect -f '{{.State.Running}}' "$name")" = true ] || podman start "$name" >/dev/null
+      continue
+    fi
+    image=localhost/hpcobs-debian12
+    publish=""
+    for pair in $(ports "$host"); do
+      publish="$publish -p 127.0.0.1:$pair"
+    done
+    caps="--cap-add SYS_ADMIN"
+    case "$host" in gpu*) caps="$caps --cap-add MKNOD" ;; esac
+    # shellcheck disable=SC2086
+    podman run -d --name "$name" --hostname "$host" --network "$network" --network-alias "$host" \
+      --systemd=always $caps $publish --label hpcobs.lab=1 "$image" /sbin/init >/dev/null
+    say "started $name"
+  done
+  for host in $hosts; do
+    podman exec "$prefix$host" systemctl is-system-running --wait >/dev/null 2>&1 || true
+  done
+}
+
+up() {
+  t0=$(date +%s)
+  scripts/build-images.sh debian12
+  bundle=$(choose_bundle)
+  export HPCOBS_BUNDLE_DIR="$bundle"
+  disabled=$(missing_components "$bundle")
+  echo "$bundle" >"$state/bundle"
+  echo "$disabled" >"$state/disabled"
+  say "bundle: $bundle"
+  [ -z "$disabled" ] || say "the bundle lacks: $disabled (not deployed; build a full bundle with 'make bundle' on a connected machine)"
+  create
+  json=$(python3 -c 'import json,sys; print(json.dumps({"hpcobs_components_disabled": sys.argv[1:]}))' $disabled)
+  ansible-playbook -i inventories/lab playbooks/lab.yml -e "$json" | tee "$state/site.log" | grep -E '^(PLAY|TASK \[.*(Summary|Wait)|fatal|.*failed=[1-9])' || true
+  if grep -qE 'failed=[1-9]|unreachable=[1-9]' "$state/site.log" || ! grep -q 'PLAY RECAP' "$state/site.log"; then
+    say "the deployment failed; the full log is $state/site.log"
+    exit 1
+  fi
+  say "deployed in $(( $(date +%s) - t0 ))s"
+  status
+}
+
+status() {
+  printf '\n%-12s %-24s %s\n' HOST CONTAINER STATE
+  for host in $hosts; do
+    name=$prefix$host
+    st=$(podman inspect -f '{{.State.Status}}' "$name" 2>/dev/null || echo absent)
+    printf '%-12s %-24s %s\n' "$host" "$name" "$st"
+  done
+  printf '\nEndpoints (127.0.0.1 only):\n'
+  python3 - "$(cat "$state/disabled" 2>/dev/null || true)" <<'PY'
+import sys, urllib.request
+disabled = set(sys.argv[1].split())
+endpoints = [
+    ("Grafana", "grafana", "http://127.0.0.1:3000/", "/api/health"),
+    ("VictoriaMetrics", "victoriametrics", "http://127.0.0.1:8428/vmui/", "/health"),
+    ("vmalert", "vmalert", "http://127.0.0.1:8880/", "/health"),
+    ("Alertmanager", "alertmanager", "http://127.0.0.1:9093/", "/-/ready"),
+    ("Loki", "loki", "http://127.0.0.1:3100/", "/ready"),
+    ("node_exporter mgmt01", "node_exporter", "http://127.0.0.1:29100/metrics", ""),
+    ("node_exporter slurmctl01", "node_exporter", "http://127.0.0.1:29101/metrics", ""),
+    ("node_exporter gpu01", "node_exporter", "http://127.0.0.1:29102/metrics", ""),
+    ("node_exporter gpu02", "node_exporter", "http://127.0.0.1:29103/metrics", ""),
+    ("dcgm-exporter (simulated GPUs) gpu01", "dcgm_exporter", "http://127.0.0.1:29402/metrics", ""),
+    ("dcgm-exporter (simulated GPUs) gpu02", "dcgm_exporter", "http://127.0.0.1:29403/metrics", ""),
+    ("ipmi_exporter gpu01", "ipmi_exporter", "http://127.0.0.1:29292/metrics", ""),
+    ("smartctl_exporter gpu01", "smartctl_exporter", "http://127.0.0.1:29632/metrics", ""),
+]
+for label, component, url, probe in endpoints:
+    if component in disabled:
+        state = "not deployed (not in the bundle)"
+    else:
+        target = url.rstrip("/") + probe if probe else url
+        try:
+            code = urllib.request.urlopen(target, timeout=3).status
+            state = "up" if code == 200 else "HTTP %d" % code
+        except Exception as exc:  # noqa: BLE001 - report whatever went wrong
+            state = "down (%s)" % getattr(exc, "reason", exc)
+    print("  %-40s %-34s %s" % (label, url, state))
+PY
+}
+
+down() {
+  for host in $hosts; do
+    podman rm -f -t 5 "$prefix$host" >/dev/null 2>&1 && say "removed $prefix$host" || true
+  done
+  podman network exists "$network" && podman network rm "$network" >/dev/null && say "removed network $network" || true
+  rm -rf "$state"
+}
+
+fault() {
+  node=${1:?node}; gpu=${2:?gpu}; kind=${3:?kind}; code=${4:-}
+  name=$prefix$node
+  podman container exists "$name" || { echo "lab: no such lab host $node (hosts: $hosts)" >&2; exit 2; }
+  if [ "$kind" = clear ]; then
+    podman exec "$name" hpcobs-gpusim fault clear --gpu "$gpu"
+  elif [ -n "$code" ]; then
+    podman exec "$name" hpcobs-gpusim fault set --gpu "$gpu" "$kind" --code "$code"
+  else
+    podman exec "$name" hpcobs-gpusim fault set --gpu "$gpu" "$kind"
+  fi
+  podman exec "$name" hpcobs-gpusim fault list
+}
+
+jobs() {
+  podman exec "${prefix}slurmctl01" hpcobs-lab-jobs
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  fault) fault "$@" ;;
+  jobs) jobs ;;
+  *) echo "usage: $0 up|down|status|fault NODE GPU KIND [CODE]|jobs" >&2; exit 2 ;;
+esac
