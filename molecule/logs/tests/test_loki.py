@@ -1,0 +1,126 @@
+"""Loki on the management host, as converged by the loki role (the binary is the test bundle's stand-in)."""
+import pytest
+
+from helpers import LOKI, MGMT, bundle_binary_sha256, http, http_json, read_yaml, unit_property
+
+testinfra_hosts = [MGMT]
+
+
+def test_service_is_enabled_and_running(host):
+    service = host.service("loki")
+    assert service.is_enabled
+    assert service.is_running
+
+
+def test_runs_as_dedicated_unprivileged_user(host):
+    user = host.user("loki")
+    assert user.exists
+    assert user.shell.endswith("nologin")
+    pid = unit_property(host, "loki", "MainPID")
+    assert host.check_output("ps -o user= -p %s" % pid).strip() == "loki"
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("PrivateDevices", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("User", "loki"),
+    ("ReadWritePaths", "/var/lib/loki"),
+    ("WorkingDirectory", "/var/lib/loki"),
+    ("LimitNOFILE", "16384"),
+])
+def test_unit_is_hardened(host, setting, expected):
+    assert unit_property(host, "loki", setting) == expected
+
+
+def test_unit_passes_config_and_target(host):
+    exec_start = unit_property(host, "loki", "ExecStart")
+    assert "/usr/local/bin/loki" in exec_start
+    assert "-config.file=/etc/loki/loki.yml" in exec_start
+    assert "-target=all" in exec_start
+
+
+def test_binary_is_the_bundled_artifact(host):
+    binary = host.file("/usr/local/bin/loki")
+    assert binary.user == "root" and binary.mode == 0o755
+    assert binary.sha256sum == bundle_binary_sha256("loki", "loki")
+
+
+def test_config_file_permissions(host):
+    config = host.file("/etc/loki/loki.yml")
+    assert config.user == "root" and config.group == "loki" and config.mode == 0o640
+    assert host.file("/etc/loki").mode == 0o750
+
+
+def test_config_key_fields(host):
+    config = read_yaml(host, "/etc/loki/loki.yml")
+    assert config["auth_enabled"] is False
+    assert config["server"]["http_listen_port"] == 3100
+    assert config["server"]["grpc_listen_address"] == "127.0.0.1"
+    assert config["common"]["path_prefix"] == "/var/lib/loki"
+    assert config["common"]["storage"]["filesystem"]["chunks_directory"] == "/var/lib/loki/chunks"
+    assert config["common"]["ring"]["kvstore"]["store"] == "inmemory"
+    (schema,) = config["schema_config"]["configs"]
+    assert (schema["store"], schema["schema"], schema["object_store"]) == ("tsdb", "v13", "filesystem")
+    assert schema["from"] == "2025-01-01"
+    assert config["compactor"]["retention_enabled"] is True
+    assert config["compactor"]["delete_request_store"] == "filesystem"
+    assert config["compactor"]["working_directory"].startswith("/var/lib/loki/")
+    assert config["limits_config"]["retention_period"] == "744h"
+    assert config["limits_config"]["max_global_streams_per_user"] == 100000
+    ruler = config["ruler"]
+    assert ruler["storage"] == {"type": "local", "local": {"directory": "/etc/loki/rules"}}
+    assert ruler["rule_path"].startswith("/var/lib/loki/")
+    assert ruler["wal"]["dir"].startswith("/var/lib/loki/")
+    # default: port 9093 of every host of the inventory group management
+    assert ruler["alertmanager_url"] == "http://%s:9093" % MGMT
+    assert ruler["enable_api"] is True
+    assert config["analytics"]["reporting_enabled"] is False
+
+
+def test_installed_binary_accepts_the_deployed_config(host):
+    result = host.run("/usr/local/bin/loki -config.file=/etc/loki/loki.yml -verify-config")
+    assert result.rc == 0, result.stderr
+
+
+def test_rule_file_follows_the_alert_contract(host):
+    path = "/etc/loki/rules/fake/hpcobs.yml"
+    assert host.file(path).group == "loki" and host.file(path).mode == 0o640
+    (group,) = read_yaml(host, path)["groups"]
+    assert group["name"] == "hpcobs-kernel-log"
+    rules = {rule["alert"]: rule for rule in group["rules"]}
+    assert set(rules) == {"HpcobsGpuXidKernelLogCritical", "HpcobsGpuXidKernelLog"}
+    assert rules["HpcobsGpuXidKernelLogCritical"]["labels"] == {"severity": "critical", "audience": "oncall"}
+    assert rules["HpcobsGpuXidKernelLog"]["labels"] == {"severity": "warning", "audience": "ops"}
+    for rule in rules.values():
+        assert set(rule["annotations"]) == {"summary", "description", "runbook"}
+        assert '{syslog_identifier="kernel"} |= "NVRM: Xid"' in rule["expr"]
+        assert rule["expr"].startswith("sum by (node, pci, xid) (count_over_time(")
+        assert "{{ $labels.node }}" in rule["annotations"]["summary"]
+    assert '| xid =~ "48|63|64|74|79|94|95"' in rules["HpcobsGpuXidKernelLogCritical"]["expr"]
+    assert '| xid !~ "48|63|64|74|79|94|95"' in rules["HpcobsGpuXidKernelLog"]["expr"]
+
+
+def test_ruler_loaded_the_rules(host):
+    groups = http_json(host, "http://127.0.0.1:3100/prometheus/api/v1/rules")["data"]["groups"]
+    loaded = {(g["name"], g["file"]): [r["name"] for r in g["rules"]] for g in groups}
+    assert loaded == {("hpcobs-kernel-log", "hpcobs.yml"): ["HpcobsGpuXidKernelLogCritical",
+                                                             "HpcobsGpuXidKernelLog"]}
+    alert = groups[0]["rules"][0]
+    assert alert["type"] == "alerting" and alert["labels"]["severity"] == "critical"
+
+
+def test_ready_and_listening(host):
+    assert http(host, "http://127.0.0.1:3100/ready").strip() == "ready"
+    assert host.socket("tcp://0.0.0.0:3100").is_listening
+    assert "loki_build_info" in http(host, LOKI + "/metrics")
+
+
+def test_data_dir_kept_what_was_there(host):
+    data = host.file("/var/lib/loki")
+    assert data.is_directory and data.user == "loki" and data.group == "loki" and data.mode == 0o750
+    # written by prepare.yml before the check, converge and idempotence runs
+    assert host.file("/var/lib/loki/site-restore-marker").content_string == "restored from backup before hpcobs ran\n"

@@ -1,0 +1,317 @@
+"""Unit tests of the Loki stand-in (molecule/standins/loki/loki) and of the YAML reader both stand-ins embed.
+
+The stand-ins replace Loki and Promtail in the Molecule scenarios, where the real binaries cannot be had. These tests
+keep them honest: the YAML reader must read exactly what PyYAML reads (or refuse), the stand-in checks must reject
+what the real tools reject for the keys they know, and the HTTP API must answer as Loki's does for the calls the
+scenarios make.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOKI = REPO / "molecule" / "standins" / "loki" / "loki"
+PROMTAIL = REPO / "molecule" / "standins" / "promtail" / "promtail"
+BLOCK = re.compile(r"# ---- begin stand-in YAML reader.*?# ---- end stand-in YAML reader\n", re.S)
+
+
+def load(path: Path, name: str):
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+loki = load(LOKI, "hpcobs_loki_standin")
+
+# ------------------------------------------------------------------------------------------------ YAML reader
+YAML_DOCS = {
+    "nested": "a: 1\nb:\n  c:\n  - x\n  - y: 2\n    z: [1, 'two', \"three\", {k: v}]\n  d: {}\ne: []\n",
+    "scalars": "i: 42\nneg: -3\nf: 1.5\nt: true\nn: null\ntilde: ~\ny: yes\noff: off\nhex: 0x1F\ns: '007'\n"
+               "url: http://a:9093,http://b:9093\ndate: '2025-01-01'\ncolon: 'a: b'\nhash: 'a # b'\n",
+    "quoted_multiline": "s: 'line one\n\n  line two'\nd: \"tab\\tand\n  folded \\\n  joined\"\nq: 'it''s'\n",
+    "block_scalars": "lit: |\n  one\n   two\nfold: >-\n  folded\n  text\n\n  para\nkeep: |+\n  x\n\nend: 1\n",
+    "sequences": "- a\n- b: 1\n  c: 2\n-\n  - x\n- - y\n  - z\n",
+    "anchors": "base: &b {x: 1}\nuse: *b\nmerged:\n  <<: *b\n  y: 2\n",
+    "comments": "# head\n---\na: 1 # trailing\n# middle\nb: \"# not a comment\"\n",
+    "quoted_keys": "'a b': 1\n\"c:d\": 2\n",
+    "logql": "expr: 'sum by (node) (count_over_time({syslog_identifier=\"kernel\"} |= \"NVRM: Xid\" | regexp "
+             "`NVRM: Xid \\(PCI:(?P<pci>[^)]*)\\): (?P<xid>\\d+)` [5m])) > 0'\n",
+    "plain_multiline": "k: a plain\n  scalar on two lines\nnext: 1\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(YAML_DOCS))
+def test_yaml_reader_agrees_with_pyyaml(name):
+    assert loki.yaml_load(YAML_DOCS[name]) == yaml.safe_load(YAML_DOCS[name])
+
+
+@pytest.mark.parametrize("text", [
+    "a: !!str 1\n",                 # tags
+    "a: 1\n---\nb: 2\n",            # two documents
+    "a:\n  b: 1\n c: 2\n",          # bad indentation
+    "a: 1\na: 2\n",                 # duplicate key
+    "a: [1, 2\n",                   # multi-line flow
+    "a: 'unterminated\n",
+    "a: *nowhere\n",
+])
+def test_yaml_reader_refuses_what_it_does_not_understand(text):
+    with pytest.raises(loki.YamlError):
+        loki.yaml_load(text)
+
+
+def test_both_standins_embed_the_same_yaml_reader():
+    blocks = [BLOCK.search(path.read_text()) for path in (LOKI, PROMTAIL)]
+    assert all(blocks), "the reader block markers are missing"
+    assert blocks[0].group(0) == blocks[1].group(0)
+
+
+def test_standins_use_only_the_standard_library():
+    allowed = set(sys.stdlib_module_names)
+    for path in (LOKI, PROMTAIL):
+        imported = re.findall(r"^(?:import|from) ([a-zA-Z_][\w]*)", path.read_text(), re.M)
+        assert set(imported) <= allowed, (path, set(imported) - allowed)
+        assert path.read_text().splitlines()[0] == "#!/usr/bin/env python3"
+        assert os.access(path, os.X_OK)
+        assert "STAND-IN" in path.read_text()[:300]
+
+
+# ------------------------------------------------------------------------------------------ stand-in checks
+BASE_CONFIG = {
+    "auth_enabled": False,
+    "server": {"http_listen_port": 3100, "grpc_listen_port": 9095},
+    "common": {"path_prefix": "/var/lib/loki"},
+    "schema_config": {"configs": [{"from": "2025-01-01", "store": "tsdb", "object_store": "filesystem",
+                                   "schema": "v13", "index": {"prefix": "index_", "period": "24h"}}]},
+    "compactor": {"retention_enabled": True, "delete_request_store": "filesystem"},
+    "limits_config": {"retention_period": "744h"},
+    "ruler": {"storage": {"type": "local", "local": {"directory": "/etc/loki/rules"}},
+              "alertmanager_url": "http://a:9093,http://b:9093"},
+}
+
+
+def mutate(path, value):
+    config = json.loads(json.dumps(BASE_CONFIG))
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return config
+
+
+def test_verify_config_accepts_a_sound_config():
+    assert loki.verify_config(BASE_CONFIG) == []
+
+
+@pytest.mark.parametrize("path,value,message", [
+    (("unknown_section",), {}, "field unknown_section not found"),
+    (("compactor", "delete_request_store"), KeyError, "delete-request-store should be configured"),
+    (("limits_config", "retention_period"), "12h", "retention period must be >= 24h"),
+    (("limits_config", "retention_period"), "31 days", "invalid duration"),
+    (("schema_config", "configs"), [], "at least one period config"),
+    (("schema_config", "configs", 0, "schema"), "v99", "schema must be one of"),
+    (("server", "http_listen_port"), "3100", "must be a port number"),
+    (("ruler", "alertmanager_url"), "mgmt01:9093", "is not an http(s) URL"),
+    (("ruler", "storage", "local"), {}, "ruler.storage.local.directory is required"),
+    (("auth_enabled",), "no", "auth_enabled must be true or false"),
+])
+def test_verify_config_rejects(path, value, message):
+    errors = loki.verify_config(mutate(path, value))
+    assert any(message in error for error in errors), errors
+
+
+def test_rule_file_check():
+    good = {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": '{a="b"} |= "x"', "for": "1m",
+                                                "labels": {"severity": "critical"},
+                                                "annotations": {"summary": "s"}}]}]}
+    assert loki.check_rule_file(good)[1] == []
+    bad = json.loads(json.dumps(good))
+    bad["groups"][0]["rules"][0].update({"record": "r", "bogus": 1})
+    bad["groups"].append({"name": "g", "rules": []})
+    errors = loki.check_rule_file(bad)[1]
+    assert any("exactly one of alert and record" in e for e in errors)
+    assert any("field bogus not found" in e for e in errors)
+    assert any("repeated" in e for e in errors)
+    assert any("a group needs rules" in e for e in errors)
+    assert loki.check_rule_file({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up == 0"}]}]})[1]
+
+
+# --------------------------------------------------------------------------------------------- LogQL subset
+def test_query_parser_selects_like_logql():
+    matchers, filters = loki.parse_query('{syslog_identifier="kernel", node=~"gpu0[12]", unit!="x"} '
+                                         '|= "NVRM: Xid" != "ignore" |~ `\\): (79|48),` !~ "debug"')
+    labels = {"syslog_identifier": "kernel", "node": "gpu01"}
+    assert all(match(labels.get(name, "")) for name, match in matchers)
+    assert not all(match({"node": "gpu011"}.get(name, "")) for name, match in matchers)
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+    assert all(f(line) for f in filters)
+    assert not all(f(line.replace("79", "13")) for f in filters)
+
+
+@pytest.mark.parametrize("query", [
+    'count_over_time({a="b"}[5m])', '{a="b"} | json', "{}", 'rate({a="b"}[1m])', "a"])
+def test_query_parser_refuses_what_the_standin_cannot_answer(query):
+    with pytest.raises(ValueError):
+        loki.parse_query(query)
+
+
+# ------------------------------------------------------------------------------------------------- HTTP API
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def call(url, data=None, headers=None, method=None):
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def wait_ready(url, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if call(url)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    pytest.fail("%s never answered 200" % url)
+
+
+@pytest.fixture
+def loki_server(tmp_path):
+    port = free_port()
+    rules = tmp_path / "rules" / "fake"
+    rules.mkdir(parents=True)
+    (rules / "hpcobs.yml").write_text(yaml.safe_dump({"groups": [{"name": "hpcobs-kernel-log", "rules": [
+        {"alert": "HpcobsGpuXidKernelLogCritical", "expr": '{syslog_identifier="kernel"} |= "NVRM: Xid"',
+         "labels": {"severity": "critical", "audience": "oncall"},
+         "annotations": {"summary": "{{ $labels.node }}", "description": "d", "runbook": "r"}}]}]}))
+    (rules / "broken.yml").write_text("groups:\n- name: x\n  rules:\n  - alert: Y\n    expr: up == 0\n")
+    config = dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1", "http_listen_port": port},
+                  common={"path_prefix": str(tmp_path / "data"),
+                          "storage": {"filesystem": {"chunks_directory": str(tmp_path / "data" / "chunks")}}},
+                  ruler={"storage": {"type": "local", "local": {"directory": str(tmp_path / "rules")}}})
+    path = tmp_path / "loki.yml"
+    path.write_text(yaml.safe_dump(config))
+
+    def start():
+        proc = subprocess.Popen([str(LOKI), "-config.file=%s" % path, "-target=all"], stderr=subprocess.PIPE,
+                                text=True)
+        wait_ready("http://127.0.0.1:%d/ready" % port)
+        return proc
+
+    server = {"url": "http://127.0.0.1:%d" % port, "start": start, "config": path, "data": tmp_path / "data"}
+    server["proc"] = start()
+    yield server
+    server["proc"].send_signal(signal.SIGTERM)
+    server["proc"].wait(timeout=10)
+
+
+def push(url, streams, content_type="application/json"):
+    body = json.dumps({"streams": streams}).encode()
+    return call(url + "/loki/api/v1/push", body, {"Content-Type": content_type}, "POST")
+
+
+def test_cli_verify_config_and_flags(loki_server, tmp_path):
+    ok = subprocess.run([str(LOKI), "--config.file", str(loki_server["config"]), "-verify-config"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "config is valid" in ok.stderr
+    bad = tmp_path / "bad.yml"
+    bad.write_text(loki_server["config"].read_text().replace("delete_request_store: filesystem", "x: 1"))
+    failed = subprocess.run([str(LOKI), "-config.file=%s" % bad, "-verify-config"], capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert "delete-request-store" in failed.stderr
+    unknown = subprocess.run([str(LOKI), "-config.file=x", "-no-such-flag"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "flag provided but not defined: -no-such-flag" in unknown.stderr
+
+
+def test_push_query_labels_and_persistence(loki_server):
+    url = loki_server["url"]
+    now = time.time_ns()
+    status, _ = push(url, [{"stream": {"node": "gpu01", "syslog_identifier": "kernel"},
+                            "values": [[str(now), "NVRM: Xid (PCI:0000:3b:00): 79, pid=1"],
+                                       [str(now + 1), "something else"]]},
+                           {"stream": {"node": "gpu02", "job": "slurm"}, "values": [[str(now), "slurm line"]]}])
+    assert status == 204
+    params = urllib.parse.urlencode({"query": '{syslog_identifier="kernel"} |= "NVRM: Xid"',
+                                     "start": str(now - 10 ** 9)})
+    status, body = call(url + "/loki/api/v1/query_range?" + params)
+    result = json.loads(body)["data"]["result"]
+    assert status == 200 and len(result) == 1
+    assert result[0]["stream"] == {"node": "gpu01", "syslog_identifier": "kernel"}
+    assert [v[1] for v in result[0]["values"]] == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1"]
+    assert json.loads(call(url + "/loki/api/v1/labels")[1])["data"] == ["job", "node", "syslog_identifier"]
+    assert json.loads(call(url + "/loki/api/v1/label/node/values")[1])["data"] == ["gpu01", "gpu02"]
+    # stored in the chunks directory: a restart keeps them
+    loki_server["proc"].send_signal(signal.SIGTERM)
+    loki_server["proc"].wait(timeout=10)
+    loki_server["proc"] = loki_server["start"]()
+    status, body = call(url + "/loki/api/v1/query_range?" + params)
+    assert len(json.loads(body)["data"]["result"]) == 1
+    assert (loki_server["data"] / "chunks" / "standin-entries.jsonl").exists()
+
+
+def test_push_refusals(loki_server):
+    url = loki_server["url"]
+    assert push(url, [{"stream": {"a": "b"}, "values": [["1", "x"]]}], "application/x-protobuf")[0] == 415
+    assert push(url, [{"stream": {}, "values": [["1", "x"]]}])[0] == 400
+    assert push(url, [{"stream": {"bad-name": "x"}, "values": [["1", "x"]]}])[0] == 400
+    assert push(url, [{"stream": {"a": "b"}, "values": [["soon", "x"]]}])[0] == 400
+    status, body = call(url + "/loki/api/v1/query_range?query=" + urllib.parse.quote('sum(rate({a="b"}[1m]))'))
+    assert status == 400 and "log queries only" in body
+
+
+def test_rules_are_loaded_and_listed(loki_server):
+    url = loki_server["url"]
+    groups = json.loads(call(url + "/prometheus/api/v1/rules")[1])["data"]["groups"]
+    assert [(g["name"], g["file"]) for g in groups] == [("hpcobs-kernel-log", "hpcobs.yml")]
+    rule = groups[0]["rules"][0]
+    assert rule["name"] == "HpcobsGpuXidKernelLogCritical" and rule["type"] == "alerting"
+    assert rule["labels"] == {"severity": "critical", "audience": "oncall"}
+    # the file whose expression has no stream selector is not loaded, and it is said so
+    assert "hpcobs_standin_rule_files_failed 1" in call(url + "/metrics")[1]
+    namespaces = yaml.safe_load(call(url + "/loki/api/v1/rules")[1])
+    assert list(namespaces) == ["hpcobs.yml"]
+
+
+def test_auth_enabled_needs_a_tenant(tmp_path):
+    port = free_port()
+    config = dict(BASE_CONFIG, auth_enabled=True, server={"http_listen_address": "127.0.0.1", "http_listen_port": port},
+                  common={"path_prefix": str(tmp_path)}, ruler={})
+    path = tmp_path / "loki.yml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([str(LOKI), "-config.file=%s" % path], stderr=subprocess.DEVNULL)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        wait_ready(url + "/ready")
+        assert call(url + "/loki/api/v1/labels")[0] == 401
+        assert call(url + "/loki/api/v1/labels", headers={"X-Scope-OrgID": "site"})[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
