@@ -1,0 +1,303 @@
+"""Verify ipmi_exporter and smartctl_exporter as converged by their roles on both test hosts.
+
+The binaries are the real ones from the bundle; FreeIPMI, smartmontools and the BMC simulator (OpenIPMI's ipmi_sim,
+host hw_exporters-bmc) are Debian's. The containers have no /dev/ipmi0 and no disks.
+"""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+testinfra_hosts = ["podman://hw_exporters-debian12", "podman://hw_exporters-debian13"]
+
+BMC = "hw_exporters-bmc"
+PASSWORD = "hpcobs-BMC-7c1f"  # the scenario's test credential (molecule.yml)
+ROTATED = "rotated-BMC-9d2e"
+SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get(host, url, timeout=60):
+    """(status, body) of a GET from inside the test host."""
+    script = ("import urllib.request,urllib.error,sys\n"
+              "try:\n"
+              "    r=urllib.request.urlopen(sys.argv[1],timeout=%d); print(r.status); print(r.read().decode())\n"
+              "except urllib.error.HTTPError as e:\n"
+              "    print(e.code); print(e.read().decode())\n" % timeout)
+    out = host.check_output("python3 -c %s %s" % (quote(script), quote(url)))
+    status, _, body = out.partition("\n")
+    return int(status), body
+
+
+def quote(text):
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def value(body, series):
+    """Value of one exact series (name{labels}) in an exposition, or None."""
+    match = re.search(r"^%s (\S+)$" % re.escape(series), body, re.M)
+    return None if match is None else float(match.group(1))
+
+
+def status_field(host, pid, field):
+    return re.search(r"^%s:\s*(\S+)" % field, host.file("/proc/%s/status" % pid).content_string, re.M).group(1)
+
+
+def main_pid(host, unit):
+    pid = host.check_output("systemctl show -p MainPID --value %s" % unit).strip()
+    assert pid not in ("", "0"), "%s has no main process" % unit
+    return pid
+
+
+def remote(host, module, target=BMC):
+    return get(host, "http://127.0.0.1:9290/ipmi?target=%s&module=%s" % (target, module))
+
+
+# --- both exporters: services, users, privileges ---------------------------------------------------------------
+
+@pytest.mark.parametrize("unit", ["ipmi_exporter.service", "ipmi_exporter-local.socket",
+                                  "smartctl_exporter.service", "smartctl_exporter-smartctl.socket"])
+def test_units_enabled_and_active(host, unit):
+    assert host.check_output("systemctl is-enabled %s" % unit).strip() == "enabled"
+    assert host.check_output("systemctl is-active %s" % unit).strip() == "active"
+
+
+@pytest.mark.parametrize("unit,user", [("ipmi_exporter", "ipmi_exporter"), ("smartctl_exporter", "smartctl_exporter")])
+def test_exporter_runs_unprivileged(host, unit, user):
+    pid = main_pid(host, unit)
+    assert host.check_output("ps -o user= -p %s" % pid).strip() == user
+    assert host.user(user).shell.endswith("nologin")
+    # no capability at all, in any set, and it can never gain one
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status_field(host, pid, field), 16) == 0, field
+    assert status_field(host, pid, "NoNewPrivs") == "1"
+    assert status_field(host, pid, "Uid") != "0"
+
+
+@pytest.mark.parametrize("unit,bounding,devices", [
+    ("ipmi_exporter-local@probe.service", "", ["char-ipmidev rw"]),
+    ("smartctl_exporter-smartctl@probe.service", "cap_sys_rawio cap_sys_admin",
+     ["block-sd r", "block-blkext r", "char-nvme r", "char-sg r"]),
+])
+def test_root_helpers_are_confined(host, unit, bounding, devices):
+    def show(prop):
+        return host.check_output("systemctl show -p %s --value %s" % (prop, unit)).strip()
+    assert show("CapabilityBoundingSet") == bounding
+    assert show("AmbientCapabilities") == ""
+    assert show("NoNewPrivileges") == "yes"
+    assert show("PrivateNetwork") == "yes"
+    assert show("ProtectSystem") == "strict"
+    assert show("DevicePolicy") == "closed"
+    allowed = show("DeviceAllow")
+    for entry in devices:
+        assert entry in allowed
+
+
+@pytest.mark.parametrize("socket,group", [("/run/ipmi_exporter-local.sock", "ipmi_exporter"),
+                                          ("/run/smartctl_exporter-smartctl.sock", "smartctl_exporter")])
+def test_helper_sockets_only_for_the_exporter_group(host, socket, group):
+    sock = host.file(socket)
+    assert sock.is_socket
+    assert (sock.user, sock.group, sock.mode) == ("root", group, 0o660)
+    # another unprivileged account cannot use the helper
+    out = host.run("runuser -u nobody -- python3 -c %s %s" % (
+        quote("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])"), socket))
+    assert out.rc != 0 and "Permission denied" in out.stderr
+
+
+# --- ipmi_exporter: local BMC -------------------------------------------------------------------------------------
+
+def test_binary_is_the_bundled_ipmi_exporter(host):
+    out = host.run("/usr/local/bin/ipmi_exporter --version")
+    assert "version 1.10.1" in out.stdout + out.stderr
+
+
+def test_local_mode_reports_missing_ipmi_device(host):
+    assert not host.file("/dev/ipmi0").exists
+    status, body = get(host, "http://127.0.0.1:9290/metrics")
+    assert status == 200
+    assert "ipmi_exporter_build_info{" in body
+    for collector in ("ipmi", "dcmi", "bmc", "chassis", "sel"):
+        assert value(body, 'ipmi_up{collector="%s"}' % collector) == 0, collector
+    # the FreeIPMI tools did run as root in the helper (not "permission denied") and say why they failed
+    log = host.check_output("journalctl -u ipmi_exporter --no-pager -n 200")
+    assert "device not found" in log
+    assert "this host has no IPMI device (/dev/ipmi0" in log
+    assert "permission denied" not in log.lower()
+
+
+def test_local_helper_refuses_anything_but_read_only_queries(host):
+    script = ("import json,socket,sys\n"
+              "s=socket.socket(socket.AF_UNIX); s.connect('/run/ipmi_exporter-local.sock')\n"
+              "s.sendall(json.dumps({'tool': sys.argv[1], 'flags': sys.argv[2:]}).encode()+b'\\n')\n"
+              "s.shutdown(socket.SHUT_WR); data=b''\n"
+              "while True:\n"
+              "    c=s.recv(65536)\n"
+              "    if not c: break\n"
+              "    data+=c\n"
+              "print(data.decode())\n")
+    for request in ("ipmi-chassis --chassis-control=power-down", "ipmi-raw 0x00 0x02 0x02",
+                    "bmc-info -h hw_exporters-bmc", "ipmi-sensors --config-file=/etc/shadow", "sh -c id"):
+        out = host.check_output("runuser -u ipmi_exporter -- python3 -c %s %s" % (quote(script), request))
+        answer = json.loads(out)
+        assert answer["rc"] == 2 and "refused" in answer["output"], request
+    # an allowed query does reach FreeIPMI (which finds no device here)
+    out = host.check_output("runuser -u ipmi_exporter -- python3 -c %s ipmi-chassis --get-chassis-status"
+                            % quote(script))
+    answer = json.loads(out)
+    assert answer["rc"] != 0 and "device not found" in answer["output"]
+
+
+def test_local_module_uses_the_helper(host):
+    config = host.file("/etc/ipmi_exporter/ipmi_exporter.yml")
+    assert (config.user, config.group, config.mode) == ("ipmi_exporter", "ipmi_exporter", 0o600)
+    text = config.content_string
+    assert "/usr/local/libexec/hpcobs/ipmi_exporter-local" in text
+    assert "opensesspriv" in text
+
+
+# --- ipmi_exporter: remote BMCs -----------------------------------------------------------------------------------
+
+def test_remote_bmc_is_read(host):
+    status, body = remote(host, "bmcsim")
+    assert status == 200
+    for collector in ("ipmi", "bmc", "chassis", "sel"):
+        assert value(body, 'ipmi_up{collector="%s"}' % collector) == 1, collector
+    assert value(body, 'ipmi_fan_speed_rpm{id="3",name="Fan1A"}') == 4800
+    assert value(body, 'ipmi_fan_speed_state{id="3",name="Fan1A"}') == 0
+    assert value(body, 'ipmi_fan_speed_state{id="4",name="Fan2A"}') == 2
+    assert value(body, 'ipmi_sensor_state{id="5",name="PS1 Status",type="Power Supply"}') == 0
+    assert value(body, 'ipmi_sensor_state{id="6",name="PS2 Status",type="Power Supply"}') == 2
+    assert value(body, 'ipmi_temperature_celsius{id="2",name="Inlet Temp"}') == 25
+    assert re.search(r'^ipmi_bmc_info\{.*manufacturer_id="MontaVista Software, Inc\. \(4753\)".*\} 1$', body, re.M)
+
+
+def test_wrong_password_fails_alone(host):
+    status, body = remote(host, "wrongpass")
+    assert status == 200
+    assert value(body, 'ipmi_up{collector="ipmi"}') == 0
+    assert value(body, 'ipmi_up{collector="bmc"}') == 0
+    assert "ipmi_fan_speed_state" not in body
+    # the good module still works right after
+    assert value(remote(host, "bmcsim")[1], 'ipmi_up{collector="ipmi"}') == 1
+
+
+def test_unreachable_bmc_fails_alone(host):
+    # the other test host: reachable on the network, no BMC listening
+    other = "hw_exporters-debian13" if "debian12" in host.backend.name else "hw_exporters-debian12"
+    started = time.time()
+    status, body = remote(host, "bmcsim", target=other)
+    assert status == 200
+    assert value(body, 'ipmi_up{collector="ipmi"}') == 0
+    assert time.time() - started < 45  # the module's 3 s session timeout, per collector
+    assert value(remote(host, "bmcsim")[1], 'ipmi_up{collector="ipmi"}') == 1
+
+
+def test_unknown_module_is_rejected(host):
+    status, _ = remote(host, "no-such-module")
+    assert status == 400
+
+
+def test_password_never_on_a_command_line_or_in_the_unit(host):
+    assert PASSWORD in host.check_output("cat /etc/ipmi_exporter/ipmi_exporter.yml")
+    assert PASSWORD not in host.check_output("systemctl cat ipmi_exporter.service")
+    assert PASSWORD not in host.check_output("systemctl show ipmi_exporter.service")
+    # watch every process's arguments while remote scrapes run FreeIPMI against the BMC
+    watcher = ("import subprocess,time,urllib.request,threading\n"
+               "seen=[]\n"
+               "def scrape():\n"
+               "    for _ in range(5):\n"
+               "        urllib.request.urlopen('http://127.0.0.1:9290/ipmi?target=%s&module=bmcsim',timeout=60).read()\n"
+               "t=threading.Thread(target=scrape); t.start(); n=0\n"
+               "while t.is_alive():\n"
+               "    out=subprocess.run(['ps','-eo','args'],capture_output=True,text=True).stdout\n"
+               "    n+=1\n"
+               "    seen+=[l for l in out.splitlines() if 'ipmimonitoring' in l or 'ipmi-sensors' in l"
+               " or 'bmc-info' in l]\n"
+               "    time.sleep(0.02)\n"
+               "print(n); print('\\n'.join(seen))\n" % BMC)
+    out = host.check_output("python3 -c %s" % quote(watcher))
+    samples, _, seen = out.partition("\n")
+    assert int(samples) > 0
+    assert "--config-file /tmp/ipmi_exporter-" in seen  # FreeIPMI was caught running, settings via the FIFO
+    assert PASSWORD not in out
+    assert PASSWORD not in host.check_output("journalctl -u ipmi_exporter --no-pager -n 500")
+
+
+def test_ansible_output_never_shows_the_password(host):
+    """Run the role's checks and configuration in check+diff mode with a changed module: nothing may print it."""
+    inventory = os.environ.get("MOLECULE_INVENTORY_FILE")
+    assert inventory and os.path.exists(inventory), "run through molecule verify (MOLECULE_INVENTORY_FILE)"
+    name = host.backend.name
+    extra = {"ipmi_exporter_remote_modules": {
+        "bmcsim": {"user": "monitor", "pass": PASSWORD, "collectors": ["ipmi"]},
+        "rotated": {"user": "monitor", "pass": ROTATED}}}
+    play = os.path.join(SCENARIO, "check_secrets.yml")
+    project = os.path.dirname(os.path.dirname(SCENARIO))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(project, "roles"),
+               ANSIBLE_FILTER_PLUGINS=os.path.join(project, "playbooks", "filter_plugins"))
+    env.setdefault("ANSIBLE_CONFIG", os.path.join(project, "ansible.cfg"))
+    result = subprocess.run(["ansible-playbook", "-i", inventory, play, "--check", "--diff", "-v", "--limit", name,
+                             "-e", json.dumps(extra)], capture_output=True, text=True, timeout=600, check=False,
+                            env=env, cwd=project)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Write the ipmi_exporter configuration" in output
+    assert "changed: [%s]" % name in output  # the configuration would change: the diff path was exercised
+    assert PASSWORD not in output
+    assert ROTATED not in output
+
+
+# --- smartctl_exporter ----------------------------------------------------------------------------------------------
+
+def test_binary_is_the_bundled_smartctl_exporter(host):
+    out = host.run("/usr/local/bin/smartctl_exporter --help")
+    assert "--smartctl.device-exclude" in out.stdout + out.stderr
+
+
+def test_smartctl_exporter_serves_metrics_without_disks(host):
+    status, body = get(host, "http://127.0.0.1:9633/metrics")
+    assert status == 200
+    assert "smartctl_exporter_build_info{" in body
+    assert value(body, "smartctl_devices") == 0
+    # the startup scan went through the helper (smartctl as root in the sandbox) and found nothing
+    log = host.check_output("journalctl -u smartctl_exporter --no-pager -n 200")
+    assert 'msg="Number of devices found" count=0' in log
+    assert "S.M.A.R.T. output reading error" not in log
+
+
+def test_device_filter_reaches_the_exporter_verbatim(host):
+    args = host.file("/proc/%s/cmdline" % main_pid(host, "smartctl_exporter")).content_string.split("\0")
+    assert "--smartctl.device-exclude=^/dev/(loop|ram)[0-9]+$" in args
+    assert "--smartctl.path=/usr/local/libexec/hpcobs/smartctl_exporter-smartctl-client" in args
+
+
+def test_smartctl_helper_runs_smartctl_as_root(host):
+    client = "/usr/local/libexec/hpcobs/smartctl_exporter-smartctl-client"
+    out = host.run("runuser -u smartctl_exporter -- %s --json --scan" % client)
+    assert out.rc == 0, out.stderr
+    scan = json.loads(out.stdout)
+    assert scan["smartctl"]["exit_status"] == 0
+    assert scan.get("devices", []) == []  # no disks in a container
+    # a device read: /dev/null is no disk, but smartctl answers with its version block (what becomes
+    # smartctl_version once a real disk is read)
+    # (smartctl_exporter 0.14's exact device read, as it runs it)
+    out = host.run("runuser -u smartctl_exporter -- %s --json --info --health --attributes --tolerance=verypermissive"
+                   " --nocheck=standby --format=brief --log=error --device=auto /dev/null" % client)
+    answer = json.loads(out.stdout)
+    assert answer["smartctl"]["version"][0] == 7
+    assert answer["smartctl"]["exit_status"] != 0
+
+
+@pytest.mark.parametrize("args", ["--json --scan-open", "--set=standby,now /dev/sda", "-t long /dev/sda",
+                                  "--json --info --health --attributes --tolerance=verypermissive --nocheck=standby"
+                                  " --format=brief --log=error --device=auto /dev/../etc/shadow"])
+def test_smartctl_helper_refuses_other_invocations(host, args):
+    script = ("import json,socket,sys\n"
+              "s=socket.socket(socket.AF_UNIX); s.connect('/run/smartctl_exporter-smartctl.sock')\n"
+              "s.sendall(json.dumps({'args': sys.argv[1:]}).encode()+b'\\n'); s.shutdown(socket.SHUT_WR)\n"
+              "print(s.recv(65536).decode())\n")
+    out = host.check_output("runuser -u smartctl_exporter -- python3 -c %s %s" % (quote(script), args))
+    assert json.loads(out) == {"rc": 2, "output": ""}
