@@ -1,0 +1,121 @@
+"""Alertmanager as converged by the role: configuration, secrets, routing, cluster, persisted silences."""
+import pytest
+import yaml
+
+from mgmt import MANAGEMENT, get_json, wait_for
+
+testinfra_hosts = ["management"]
+
+SECRETS = {
+    "oncall_webhook": "http://management-webhook:8080/oncall?token=e2e-oncall-token-7f3a",
+    "smtp_password": "e2e-smtp-password-91c2",
+    "slack_webhook": "http://management-webhook:8080/slack/T000/B000/e2e-slack-token-5d4e",
+}
+
+
+def cmdline(host):
+    pid = host.check_output("systemctl show -p MainPID --value alertmanager")
+    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
+
+
+def test_service_is_enabled_and_running_as_its_own_user(host):
+    service = host.service("alertmanager")
+    assert service.is_enabled and service.is_running
+    pid = host.check_output("systemctl show -p MainPID --value alertmanager")
+    assert host.check_output("ps -o user= -p %s" % pid).strip() == "alertmanager"
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("ReadWritePaths", "/var/lib/alertmanager"),
+])
+def test_unit_is_hardened(host, setting, expected):
+    assert host.check_output("systemctl show -p %s --value alertmanager" % setting).strip() == expected
+
+
+def test_cluster_flags_name_the_other_host(host):
+    name = host.check_output("hostname")
+    other = [m for m in MANAGEMENT if m != name]
+    args = cmdline(host)
+    assert [a for a in args if a.startswith("--cluster.peer=")] == ["--cluster.peer=%s:9094" % o for o in other]
+    assert "--cluster.listen-address=0.0.0.0:9094" in args
+    assert "--storage.path=/var/lib/alertmanager" in args
+    assert "--web.external-url=http://%s:9093" % name in args
+
+
+def test_cluster_has_both_peers(host):
+    name = host.check_output("hostname")
+
+    def ready():
+        cluster = get_json(name, "http://127.0.0.1:9093/api/v2/status")["cluster"]
+        return cluster if cluster["status"] == "ready" and len(cluster["peers"]) == 2 else None
+    cluster = wait_for("a ready cluster of 2 peers", ready, timeout=60)
+    assert sorted(p["address"].rsplit(":", 1)[1] for p in cluster["peers"]) == ["9094", "9094"]
+
+
+def test_configuration_file_is_private_and_valid(host):
+    config = host.file("/etc/alertmanager/alertmanager.yml")
+    assert config.user == "root" and config.group == "alertmanager" and config.mode == 0o640
+    assert host.file("/etc/alertmanager").mode == 0o750
+    assert host.run("/usr/local/bin/amtool check-config /etc/alertmanager/alertmanager.yml").rc == 0
+
+
+def test_secrets_are_files_never_inline(host):
+    secrets_dir = host.file("/etc/alertmanager/secrets")
+    assert secrets_dir.is_directory and secrets_dir.mode == 0o750 and secrets_dir.group == "alertmanager"
+    assert sorted(host.check_output("ls /etc/alertmanager/secrets").split()) == sorted(SECRETS)
+    for name, value in SECRETS.items():
+        secret = host.file("/etc/alertmanager/secrets/" + name)
+        assert (secret.user, secret.group, secret.mode) == ("root", "alertmanager", 0o640)
+        assert secret.content_string == value
+    config = host.file("/etc/alertmanager/alertmanager.yml").content_string
+    for value in SECRETS.values():
+        assert value not in config
+    assert "url_file: /etc/alertmanager/secrets/oncall_webhook" in config
+    assert "smtp_auth_password_file: /etc/alertmanager/secrets/smtp_password" in config
+    assert "api_url_file: /etc/alertmanager/secrets/slack_webhook" in config
+    # the unit and the process never see them either
+    assert not any(value in host.check_output("systemctl cat alertmanager") for value in SECRETS.values())
+    assert not any(value in " ".join(cmdline(host)) for value in SECRETS.values())
+
+
+@pytest.mark.parametrize("labels,receiver", [
+    ("alertname=HpcobsGpuEccUncorrectable severity=critical audience=oncall node=gpu01 gpu=0 account=physics",
+     "oncall"),
+    ("alertname=HpcobsGpuHungJob severity=warning audience=team account=physics hpc_job=12", "physics-team"),
+    ("alertname=HpcobsGpuHungJob severity=warning audience=team account=biology hpc_job=13", "teams"),
+    ("alertname=HpcobsGpuHungJob severity=warning audience=team hpc_job=14", "teams"),
+    ("alertname=HpcobsNodeDown severity=warning audience=ops node=gpu01", "ops"),
+    ("alertname=SomethingElse", "ops"),
+    ("alertname=HpcobsGpuEccUncorrectable audience=oncall site_route=noc", "noc"),
+])
+def test_routing(host, labels, receiver):
+    out = host.check_output("/usr/local/bin/amtool config routes test --config.file=/etc/alertmanager/alertmanager.yml "
+                            "%s 2>/dev/null" % labels)
+    assert out.strip() == receiver
+
+
+def test_route_tree_grouping_and_inhibition(host):
+    config = yaml.safe_load(host.file("/etc/alertmanager/alertmanager.yml").content_string)
+    route = config["route"]
+    assert route["receiver"] == "ops"
+    by_audience = {tuple(r["matchers"]): r for r in route["routes"]}
+    # the site route comes first
+    assert route["routes"][0] == {"matchers": ['site_route="noc"'], "receiver": "noc"}
+    oncall = by_audience[('audience="oncall"',)]
+    assert oncall["receiver"] == "oncall" and oncall["group_by"] == ["alertname", "node", "gpu"]
+    team = by_audience[('audience="team"',)]
+    assert team["receiver"] == "teams" and team["group_by"] == ["alertname", "account", "hpc_job"]
+    assert team["routes"] == [{"matchers": ['account="physics"'], "receiver": "physics-team"}]
+    assert by_audience[('audience="ops"',)]["receiver"] == "ops"
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == ("3s", "10s", "1h")
+    inhibit = config["inhibit_rules"]
+    assert {"source_matchers": ['alertname="HpcobsNodeDown"'], "equal": ["node"],
+            "target_matchers": ['alertname=~"HpcobsGpu.+|HpcobsDcgmExporterSilent|HpcobsTargetDown|HpcobsHost.+'
+                                '|HpcobsIpmi.+|HpcobsNvme.+"']} in inhibit
+    assert {"source_matchers": ['severity="critical"'], "target_matchers": ['severity=~"warning|info"'],
+            "equal": ["alertname", "node", "gpu"]} in inhibit

@@ -1,0 +1,116 @@
+"""VictoriaMetrics as converged by the role on both management hosts."""
+import json
+
+import pytest
+
+from mgmt import MANAGEMENT, get_json, query, wait_for
+
+testinfra_hosts = ["management"]
+
+SCRAPED_JOBS = {"node", "victoriametrics", "vmalert", "alertmanager"}
+
+
+def cmdline(host, unit):
+    pid = host.check_output("systemctl show -p MainPID --value %s" % unit)
+    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
+
+
+def test_service_is_enabled_and_running_as_its_own_user(host):
+    service = host.service("victoriametrics")
+    assert service.is_enabled and service.is_running
+    pid = host.check_output("systemctl show -p MainPID --value victoriametrics")
+    assert host.check_output("ps -o user= -p %s" % pid).strip() == "victoriametrics"
+    assert host.user("victoriametrics").shell.endswith("nologin")
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("CapabilityBoundingSet", ""),
+    ("ReadWritePaths", "/var/lib/victoriametrics"),
+    ("LimitNOFILE", "16384"),
+])
+def test_unit_is_hardened(host, setting, expected):
+    assert host.check_output("systemctl show -p %s --value victoriametrics" % setting).strip() == expected
+
+
+def test_storage_flags(host):
+    args = cmdline(host, "victoriametrics")
+    assert args[0] == "/usr/local/bin/victoria-metrics"
+    assert "-storageDataPath=/var/lib/victoriametrics" in args
+    assert "-retentionPeriod=400d" in args
+    assert "-storage.minFreeDiskSpaceBytes=10GiB" in args
+    assert "-promscrape.config=/etc/victoriametrics/scrape.yml" in args
+    assert "-promscrape.fileSDCheckInterval=5s" in args
+
+
+def test_data_dir_belongs_to_the_service(host):
+    data = host.file("/var/lib/victoriametrics")
+    assert data.is_directory and data.user == "victoriametrics" and data.mode == 0o750
+    # VictoriaMetrics has created its storage layout in it
+    assert host.file("/var/lib/victoriametrics/data").is_directory
+
+
+def test_health(host):
+    assert host.check_output("python3 -c \"import urllib.request;"
+                             "print(urllib.request.urlopen('http://127.0.0.1:8428/health').read().decode())\"") == "OK"
+
+
+def test_scrape_config_has_one_file_sd_per_enabled_job(host):
+    config = host.file("/etc/victoriametrics/scrape.yml")
+    assert config.user == "root" and config.mode == 0o644
+    jobs = {"alertmanager", "dcgm", "ipmi", "node", "smartctl", "victoriametrics", "vmalert"}
+    content = config.content_string
+    for job in jobs:
+        assert "- job_name: %s\n" % job in content
+        assert "/etc/victoriametrics/file_sd/%s.json" % job in content
+    # disabled in this scenario: no job, no target file
+    for job in ("loki", "grafana", "promtail"):
+        assert "job_name: %s\n" % job not in content
+        assert not host.file("/etc/victoriametrics/file_sd/%s.json" % job).exists
+    assert "scrape_interval: 15s" in content
+    # the real binary accepts the file as deployed
+    assert host.run("/usr/local/bin/victoria-metrics -promscrape.config=/etc/victoriametrics/scrape.yml "
+                    "-promscrape.config.dryRun -loggerLevel=ERROR").rc == 0
+
+
+def test_targets_come_from_the_inventory_with_short_node_names(host):
+    node = json.loads(host.file("/etc/victoriametrics/file_sd/node.json").content_string)
+    assert node == [{"targets": ["%s:9100" % name], "labels": {"node": name}} for name in MANAGEMENT]
+    alertmanager = json.loads(host.file("/etc/victoriametrics/file_sd/alertmanager.json").content_string)
+    assert [t["targets"] for t in alertmanager] == [["%s:9093" % name] for name in MANAGEMENT]
+    # no host in gpu_nodes here: an empty list, ready for the first GPU node without touching scrape.yml
+    assert json.loads(host.file("/etc/victoriametrics/file_sd/ipmi.json").content_string) == []
+    # a host added by name (not in the inventory) gets the short name as `node`
+    dcgm = json.loads(host.file("/etc/victoriametrics/file_sd/dcgm.json").content_string)
+    assert {"targets": ["gpu-spare01.cluster.example:9400"], "labels": {"node": "gpu-spare01"}} in dcgm
+
+
+def test_every_target_is_scraped_with_a_node_label(host):
+    name = host.check_output("hostname")
+
+    def all_up():
+        targets = get_json(name, "http://127.0.0.1:8428/api/v1/targets")["data"]["activeTargets"]
+        seen = {(t["labels"]["job"], t["labels"].get("node"), t["health"]) for t in targets}
+        wanted = {(job, mgmt, "up") for job in SCRAPED_JOBS for mgmt in MANAGEMENT}
+        return wanted <= seen and all(t["labels"].get("node") for t in targets) and seen
+    seen = wait_for("every management target up", all_up, timeout=90)
+    # the spare GPU node does not exist: its target is there, and down
+    assert ("dcgm", "gpu-spare01", "down") in seen
+
+
+def test_series_of_different_jobs_join_on_node(host):
+    name = host.check_output("hostname")
+    # node_exporter and vmalert series of the same host, joined on `node` only
+    result = wait_for("a join on node", lambda: query(
+        name, 'node_uname_info * on (node) group_left () max by (node) (vmalert_config_last_reload_successful)'), 60)
+    assert {labels["node"] for labels, _ in result} == set(MANAGEMENT)
+
+
+def test_memory_footprint(host):
+    pid = host.check_output("systemctl show -p MainPID --value victoriametrics")
+    rss_kib = int(host.check_output("awk '/^VmRSS/ {print $2}' /proc/%s/status" % pid))
+    print("victoria-metrics VmRSS on %s: %d MiB" % (host.check_output("hostname"), rss_kib // 1024))
+    assert rss_kib < 1024 * 1024

@@ -1,0 +1,91 @@
+"""vmalert as converged by the role on both management hosts."""
+import pytest
+
+from mgmt import MANAGEMENT, get_json, wait_for
+
+testinfra_hosts = ["management"]
+
+RULE_FILES = ["hpcobs-energy.yml", "hpcobs-fleet.yml", "hpcobs-gpu.yml", "hpcobs-monitoring.yml", "hpcobs-node.yml",
+              "site-rules.yml"]
+
+
+def cmdline(host):
+    pid = host.check_output("systemctl show -p MainPID --value vmalert")
+    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
+
+
+def test_service_is_enabled_and_running_as_its_own_user(host):
+    service = host.service("vmalert")
+    assert service.is_enabled and service.is_running
+    pid = host.check_output("systemctl show -p MainPID --value vmalert")
+    assert host.check_output("ps -o user= -p %s" % pid).strip() == "vmalert"
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "strict"),
+    ("ProtectHome", "yes"),
+    ("PrivateTmp", "yes"),
+    ("CapabilityBoundingSet", ""),
+])
+def test_unit_is_hardened(host, setting, expected):
+    assert host.check_output("systemctl show -p %s --value vmalert" % setting).strip() == expected
+
+
+def test_flags_point_at_victoriametrics_and_every_alertmanager(host):
+    args = cmdline(host)
+    name = host.check_output("hostname")
+    assert "-rule=/etc/vmalert/rules/*.yml" in args
+    for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):
+        assert "%s=http://127.0.0.1:8428" % flag in args
+    assert sorted(a for a in args if a.startswith("-notifier.url=")) == [
+        "-notifier.url=http://%s:9093" % mgmt for mgmt in MANAGEMENT]
+    assert "-external.url=http://%s:8880" % name in args
+    assert "-evaluationInterval=5s" in args
+
+
+def test_rule_files_are_deployed_and_valid(host):
+    found = sorted(host.check_output("ls /etc/vmalert/rules").split())
+    assert found == RULE_FILES
+    for name in RULE_FILES:
+        rule_file = host.file("/etc/vmalert/rules/" + name)
+        assert rule_file.user == "root" and rule_file.mode == 0o644
+        assert host.run("/usr/local/bin/vmalert -dryRun -rule=/etc/vmalert/rules/%s" % name).rc == 0
+    # the scenario's shortened timings reached the rendered rules
+    gpu = host.file("/etc/vmalert/rules/hpcobs-gpu.yml").content_string
+    assert "interval: 5s" in gpu
+    assert "for: 15s" in gpu
+
+
+def test_every_rule_is_loaded_and_evaluates_without_error(host):
+    name = host.check_output("hostname")
+
+    def evaluated():
+        groups = get_json(name, "http://127.0.0.1:8880/api/v1/rules")["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        return groups if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) else None
+    groups = wait_for("every rule evaluated once", evaluated, timeout=60)
+    names = {group["name"] for group in groups}
+    assert {"hpcobs-gpu", "hpcobs-node", "hpcobs-energy", "hpcobs-monitoring", "hpcobs-fleet-health",
+            "site-e2e"} <= names
+    errors = [(group["name"], rule["name"], rule["lastError"]) for group in groups for rule in group["rules"]
+              if rule["health"] != "ok"]
+    assert errors == []
+
+
+def test_health_and_reload_state(host):
+    name = host.check_output("hostname")
+    metrics = wait_for("vmalert metrics", lambda: host.check_output(
+        "python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8880/metrics')"
+        ".read().decode())\""), 10)
+    assert "vmalert_config_last_reload_successful 1" in metrics.splitlines()
+    assert get_json(name, "http://127.0.0.1:8880/api/v1/rules")["status"] == "success"
+    assert host.check_output("python3 -c \"import urllib.request;"
+                             "print(urllib.request.urlopen('http://127.0.0.1:8880/health').read().decode())\"") == "OK"
+
+
+def test_memory_footprint(host):
+    pid = host.check_output("systemctl show -p MainPID --value vmalert")
+    rss_kib = int(host.check_output("awk '/^VmRSS/ {print $2}' /proc/%s/status" % pid))
+    print("vmalert VmRSS on %s: %d MiB" % (host.check_output("hostname"), rss_kib // 1024))
+    assert rss_kib < 512 * 1024

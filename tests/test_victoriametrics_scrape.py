@@ -1,0 +1,153 @@
+"""The victoriametrics role's scrape configuration for a 500-node site, rendered by the role's own templates.
+
+The role's templates (file_sd.json.j2, scrape.yml.j2) are rendered on localhost with the role's defaults and
+internal variables, for an inventory of 500 GPU nodes, a Slurm controller and two management hosts. The generated
+scrape.yml is checked by the real `victoria-metrics -promscrape.config.dryRun`.
+
+Tools: HPCOBS_TOOLS_BIN (a directory) if set, else <repo>/.cache/tools/bin, else PATH. A missing tool fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ROLE = REPO / "roles" / "victoriametrics"
+GPU_NODES = ["gpu%03d.cluster.example" % i for i in range(1, 501)]
+
+INVENTORY = {"all": {"children": {
+    "gpu_nodes": {"hosts": {"gpu[001:500].cluster.example": None}},
+    "slurm_controllers": {"hosts": {"slurmctl01.cluster.example": {"hpcobs_address": "fd00::5"}}},
+    "management": {"hosts": {"mgmt01.cluster.example": None, "mgmt02.cluster.example": {"hpcobs_address": "10.1.2.3"}}},
+}}}
+
+OVERRIDES = {
+    "ipmi": {"enabled": False},
+    "dcgm": {"hosts": ["gpu-spare01.cluster.example"]},
+    "grafana": {"scheme": "https", "config": {"tls_config": {"insecure_skip_verify": False}}},
+    "slurm": {"port": 8080, "groups": ["slurm_controllers"], "scrape_interval": "1m", "metrics_path": "/slurm/metrics"},
+    "nothere": {"port": 1234, "groups": ["no_such_group"]},
+}
+
+
+def tool(name: str) -> Path:
+    env_dir = os.environ.get("HPCOBS_TOOLS_BIN")
+    candidates = [Path(env_dir) / name] if env_dir else [REPO / ".cache" / "tools" / "bin" / name]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    found = None if env_dir else shutil.which(name)
+    if found:
+        return Path(found)
+    pytest.fail("%s not found (HPCOBS_TOOLS_BIN, %s or PATH); run make tools" % (name, REPO / ".cache/tools/bin"))
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    work = tmp_path_factory.mktemp("victoriametrics")
+    out = work / "etc"
+    (work / "inventory.yml").write_text(yaml.safe_dump(INVENTORY))
+    playbook = [{
+        "name": "Render the victoriametrics scrape configuration",
+        "hosts": "mgmt01.cluster.example",
+        "connection": "local",
+        "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [
+            {"name": "Directory", "ansible.builtin.file": {"path": str(out / "file_sd"), "state": "directory",
+                                                           "mode": "0755"}},
+            {"name": "Target files", "ansible.builtin.template": {
+                "src": str(ROLE / "templates" / "file_sd.json.j2"),
+                "dest": str(out / "file_sd") + "/{{ item.key }}.json", "mode": "0644"},
+             "loop": "{{ _victoriametrics_jobs }}"},
+            {"name": "Scrape configuration", "ansible.builtin.template": {
+                "src": str(ROLE / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
+        ],
+    }]
+    (work / "render.yml").write_text(yaml.safe_dump(playbook))
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
+               str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out),
+                                                           "victoriametrics_scrape_jobs_overrides": OVERRIDES})]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def targets(rendered: Path, job: str) -> list[dict]:
+    return json.loads((rendered / "file_sd" / ("%s.json" % job)).read_text())
+
+
+def test_one_target_file_per_enabled_job(rendered):
+    names = sorted(p.stem for p in (rendered / "file_sd").glob("*.json"))
+    assert names == sorted(["node", "dcgm", "smartctl", "victoriametrics", "vmalert", "alertmanager", "loki",
+                            "grafana", "promtail", "slurm", "nothere"])
+
+
+def test_every_target_carries_its_short_host_name(rendered):
+    node = targets(rendered, "node")
+    assert len(node) == 500 + 1 + 2
+    for entry in node:
+        assert len(entry["targets"]) == 1 and set(entry["labels"]) == {"node"}
+    assert node[0] == {"targets": ["gpu001.cluster.example:9100"], "labels": {"node": "gpu001"}}
+    assert [e["labels"]["node"] for e in node[:500]] == [h.split(".")[0] for h in GPU_NODES]
+    by_node = {e["labels"]["node"]: e["targets"][0] for e in node}
+    # hpcobs_address wins over the inventory name; an IPv6 address is bracketed
+    assert by_node["slurmctl01"] == "[fd00::5]:9100"
+    assert by_node["mgmt02"] == "10.1.2.3:9100"
+    assert by_node["mgmt01"] == "mgmt01.cluster.example:9100"
+
+
+def test_gpu_jobs_cover_the_gpu_nodes_plus_extra_hosts(rendered):
+    dcgm = targets(rendered, "dcgm")
+    assert [e["targets"][0] for e in dcgm] == ["%s:9400" % h for h in GPU_NODES] + ["gpu-spare01.cluster.example:9400"]
+    assert dcgm[-1]["labels"] == {"node": "gpu-spare01"}
+    assert len(targets(rendered, "smartctl")) == 500
+    # 500 nodes stay one small file per job
+    assert (rendered / "file_sd" / "dcgm.json").stat().st_size < 64 * 1024
+
+
+def test_management_jobs_and_empty_groups(rendered):
+    assert [e["targets"][0] for e in targets(rendered, "victoriametrics")] == [
+        "mgmt01.cluster.example:8428", "10.1.2.3:8428"]
+    assert [e["targets"][0] for e in targets(rendered, "alertmanager")] == [
+        "mgmt01.cluster.example:9093", "10.1.2.3:9093"]
+    assert targets(rendered, "nothere") == []
+
+
+def test_scrape_config_points_at_the_target_files(rendered):
+    config = yaml.safe_load((rendered / "scrape.yml").read_text())
+    assert config["global"] == {"scrape_interval": "15s", "scrape_timeout": "10s"}
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert "ipmi" not in jobs
+    for name, job in jobs.items():
+        assert job["file_sd_configs"] == [{"files": [str(rendered / "file_sd" / ("%s.json" % name))]}]
+        assert "static_configs" not in job
+    assert jobs["slurm"]["scrape_interval"] == "1m" and jobs["slurm"]["metrics_path"] == "/slurm/metrics"
+    assert jobs["grafana"]["scheme"] == "https"
+    assert jobs["grafana"]["tls_config"] == {"insecure_skip_verify": False}
+
+
+def test_scrape_config_passes_victoria_metrics_dry_run(rendered):
+    result = subprocess.run([str(tool("victoria-metrics")), "-promscrape.config=%s" % (rendered / "scrape.yml"),
+                             "-promscrape.config.dryRun", "-loggerLevel=ERROR"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_argument_specs_match_the_defaults():
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    options = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert sorted(options) == sorted(defaults)
+    for name, spec in options.items():
+        assert spec["default"] == defaults[name], name
+        assert spec.get("description"), name
