@@ -72,12 +72,33 @@ def link_tree(src, dst):
             os.link(os.path.join(base, name), os.path.join(dst, rel, name))
 
 
+def inputs_key(src):
+    """What the test bundle depends on: the source manifest, the catalog, this script and every stand-in file."""
+    digest = hashlib.sha256()
+    paths = [os.path.join(src, "manifest.json"), os.path.join(ROOT, "files", "artifacts.yml"), os.path.abspath(__file__)]
+    for base, dirs, files in os.walk(HERE):
+        dirs.sort()
+        paths += [os.path.join(base, name) for name in sorted(files) if not name.endswith(".pyc")]
+    for path in paths:
+        digest.update(path.encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read())
+    return digest.hexdigest()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="src", required=True)
     parser.add_argument("--to", dest="dst", required=True)
     args = parser.parse_args()
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
+    key = inputs_key(src)
+    stamp = os.path.join(os.path.dirname(dst), ".hpcobs-test-bundle-key")
+    if os.path.exists(os.path.join(dst, "manifest.json")) and os.path.exists(stamp):
+        with open(stamp, encoding="utf-8") as handle:
+            if handle.read().strip() == key:
+                print("stand-in: test bundle %s is up to date" % dst)
+                return 0
     with open(os.path.join(src, "manifest.json"), encoding="utf-8") as handle:
         manifest = json.load(handle)
     with open(os.path.join(ROOT, "files", "artifacts.yml"), encoding="utf-8") as handle:
@@ -127,6 +148,8 @@ def main():
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.rename(tmp, dst)
+    with open(stamp, "w", encoding="utf-8") as handle:
+        handle.write(key + "\n")
     print("stand-in: test bundle %s = %s + stand-ins for %s" % (dst, src, ", ".join(added) or "nothing"))
     return 0
 
