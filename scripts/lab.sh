@@ -117,11 +117,11 @@ status() {
 import sys, urllib.request
 disabled = set(sys.argv[1].split())
 endpoints = [
-    ("Grafana", "grafana", "http://127.0.0.1:3000/", "/api/health"),
-    ("VictoriaMetrics", "victoriametrics", "http://127.0.0.1:8428/vmui/", "/health"),
-    ("vmalert", "vmalert", "http://127.0.0.1:8880/", "/health"),
-    ("Alertmanager", "alertmanager", "http://127.0.0.1:9093/", "/-/ready"),
-    ("Loki", "loki", "http://127.0.0.1:3100/", "/ready"),
+    ("Grafana", "grafana", "http://127.0.0.1:3000/", "http://127.0.0.1:3000/api/health"),
+    ("VictoriaMetrics", "victoriametrics", "http://127.0.0.1:8428/vmui/", "http://127.0.0.1:8428/health"),
+    ("vmalert", "vmalert", "http://127.0.0.1:8880/", "http://127.0.0.1:8880/health"),
+    ("Alertmanager", "alertmanager", "http://127.0.0.1:9093/", "http://127.0.0.1:9093/-/ready"),
+    ("Loki", "loki", "http://127.0.0.1:3100/", "http://127.0.0.1:3100/ready"),
     ("node_exporter mgmt01", "node_exporter", "http://127.0.0.1:29100/metrics", ""),
     ("node_exporter slurmctl01", "node_exporter", "http://127.0.0.1:29101/metrics", ""),
     ("node_exporter gpu01", "node_exporter", "http://127.0.0.1:29102/metrics", ""),
@@ -135,7 +135,7 @@ for label, component, url, probe in endpoints:
     if component in disabled:
         state = "not deployed (not in the bundle)"
     else:
-        target = url.rstrip("/") + probe if probe else url
+        target = probe or url
         try:
             code = urllib.request.urlopen(target, timeout=3).status
             state = "up" if code == 200 else "HTTP %d" % code

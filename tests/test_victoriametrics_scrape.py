@@ -76,7 +76,8 @@ def rendered(tmp_path_factory):
     beside = Path(sys.executable).parent / "ansible-playbook"
     command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
                str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out),
-                                                           "victoriametrics_scrape_jobs_overrides": OVERRIDES})]
+                                                           "victoriametrics_scrape_jobs_overrides": OVERRIDES,
+                                                           "hpcobs_components_disabled": ["promtail"]})]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -129,6 +130,8 @@ def test_scrape_config_points_at_the_target_files(rendered):
     assert config["global"] == {"scrape_interval": "15s", "scrape_timeout": "10s"}
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert "ipmi" not in jobs
+    # a component the site does not deploy is not scraped; a site's own job (no component) always is
+    assert "promtail" not in jobs and "slurm" in jobs
     for name, job in jobs.items():
         assert job["file_sd_configs"] == [{"files": [str(rendered / "file_sd" / ("%s.json" % name))]}]
         assert "static_configs" not in job
