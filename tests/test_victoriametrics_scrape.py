@@ -91,7 +91,7 @@ def targets(rendered: Path, job: str) -> list[dict]:
 def test_one_target_file_per_enabled_job(rendered):
     names = sorted(p.stem for p in (rendered / "file_sd").glob("*.json"))
     assert names == sorted(["node", "dcgm", "smartctl", "victoriametrics", "vmalert", "alertmanager", "loki",
-                            "grafana", "promtail", "slurm", "nothere"])
+                            "grafana", "slurm", "nothere"])
 
 
 def test_every_target_carries_its_short_host_name(rendered):
