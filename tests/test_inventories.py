@@ -64,3 +64,25 @@ def test_preflight_refuses_unknown_disabled_components(tmp_path):
     proc = run_preflight(tmp_path, inv, "-e", '{"hpcobs_components_disabled": ["grafana", "nagios"]}')
     assert proc.returncode != 0
     assert "unknown component(s) nagios" in proc.stdout
+
+
+def test_example_group_vars_document_every_setting_of_every_role():
+    """Every variable a role declares (meta/argument_specs.yml) appears in the example inventory's group_vars."""
+    import glob
+    import yaml
+    check = subprocess.run(["python3", "scripts/gen-example-vars.py", "--check"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stderr
+    text = "".join(open(p, encoding="utf-8").read()
+                   for p in glob.glob(os.path.join(ROOT, "inventories", "example", "group_vars", "*.yml")))
+    roles = ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "slurm_hooks",
+             "victoriametrics", "alertmanager", "vmalert", "loki", "grafana"]
+    undocumented = []
+    for role in roles:
+        with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+            specs = yaml.safe_load(handle)["argument_specs"]
+        for entry in specs.values():
+            for name in entry.get("options", {}):
+                if not name.startswith("_") and "%s:" % name not in text:
+                    undocumented.append(name)
+    assert undocumented == [], "settings missing from inventories/example/group_vars: %s" % undocumented
