@@ -3,7 +3,7 @@
 #   1. setup (host packages, podman config, .venv), test images, test tools and a bundle from the local mirror
 #   2. lint: ansible-lint (production profile), yamllint
 #   3. unit: pytest tests/
-#   4. every Molecule scenario (molecule/*/molecule.yml; the full-stack "default" last)
+#   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
 # Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
 #
 #   scripts/test.sh                    everything
@@ -73,6 +73,10 @@ unit() {
   pytest -q tests
 }
 
+# Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
+# recorded, else these (seconds, measured on a 2-CPU machine), else "long".
+typical_seconds="slurm:780 default:700 management:620 grafana:450 hw_exporters:340 gpu_node:180 logs:160
+bundle_faults:110 node_exporter:90"
 scenarios() {
   if [ $# -gt 0 ]; then
     echo "$@"
@@ -80,27 +84,56 @@ scenarios() {
   fi
   for file in molecule/*/molecule.yml; do
     name=$(basename "$(dirname "$file")")
-    [ "$name" = default ] || printf '%s ' "$name"
-  done
-  [ -f molecule/default/molecule.yml ] && printf 'default'
-  echo
+    seconds=$(cat ".cache/logs/duration-$name" 2>/dev/null ||
+      printf '%s\n' $typical_seconds | sed -n "s/^$name://p" | grep . || echo 100000)
+    echo "$seconds $name"
+  done | sort -rn | awk '{printf "%s ", $2} END {print ""}'
 }
 
-molecule_all() {
-  rc=0
-  for scenario in $(scenarios "$@"); do
-    t0=$(date +%s)
-    note "molecule $scenario"
-    log=.cache/logs/molecule-$scenario.log
-    if molecule test -s "$scenario" >"$log" 2>&1; then
-      status=ok
+# One scenario (run by the lanes of molecule_all): its own log, its own artifact cache, a result file.
+one_scenario() {
+  scenario=$1
+  t0=$(date +%s)
+  log=.cache/logs/molecule-$scenario.log
+  export HPCOBS_ARTIFACT_CACHE="$root/.cache/artifacts/$scenario"
+  if molecule test -s "$scenario" >"$log" 2>&1; then
+    status=ok
+  else
+    status=FAIL
+  fi
+  seconds=$(( $(date +%s) - t0 ))
+  [ $status = ok ] && echo "$seconds" >".cache/logs/duration-$scenario"
+  {
+    note "molecule $scenario: $status (${seconds}s, log: $log)"
+    if [ $status = ok ]; then
       grep -E "passed|failed" "$log" | grep -E "=====" | tail -1
     else
-      status=FAIL
-      rc=1
       grep -vE "^\s*$" "$log" | tail -60
     fi
-    record "molecule:$scenario" "$status" $(( $(date +%s) - t0 ))
+  } >".cache/logs/result-$scenario.txt"
+  echo "$status $seconds" >".cache/logs/result-$scenario"
+}
+
+# Scenarios run in HPCOBS_TEST_JOBS lanes (default 2): each has its own hosts and podman network, and most of a
+# scenario's time is spent waiting on containers, so two lanes roughly halve the wall time.
+molecule_all() {
+  rc=0
+  list=$(scenarios "$@")
+  jobs=${HPCOBS_TEST_JOBS:-2}
+  note "molecule ($jobs lanes): $list"
+  for scenario in $list; do
+    rm -f ".cache/logs/result-$scenario" ".cache/logs/result-$scenario.txt"
+  done
+  printf '%s\n' $list | xargs -P "$jobs" -I{} sh -c \
+    'scripts/test.sh _scenario "$1"; cat ".cache/logs/result-$1.txt"' sh {}
+  for scenario in $list; do
+    if [ -f ".cache/logs/result-$scenario" ]; then
+      read -r status seconds <".cache/logs/result-$scenario"
+    else
+      status=FAIL seconds=0
+    fi
+    [ "$status" = ok ] || rc=1
+    record "molecule:$scenario" "$status" "$seconds"
   done
   return $rc
 }
@@ -118,6 +151,7 @@ case "$phase" in
     ;;
   lint) scripts/setup.sh && run_step lint lint ;;
   unit) run_step unit unit ;;
+  _scenario) one_scenario "$1"; exit 0 ;;
   molecule)
     run_step prepare prepare
     [ $failed = 0 ] && molecule_all "$@"

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -20,6 +21,8 @@ HOSTS = ["bf-debian12", "bf-debian13"]
 # Paths that change on their own on a running host (journal, runtime state) or hold Ansible's own temp files.
 VOLATILE = ("/proc", "/sys", "/run", "/dev", "/tmp", "/var/tmp", "/var/log", "/var/cache", "/root/.ansible",
             "/var/lib/systemd")
+# The plays of this module unpack into their own controller cache, so what it holds comes from them alone.
+CACHE_DIR = tempfile.mkdtemp(prefix="hpcobs-bf-cache-")
 
 
 def podman(host, command):
@@ -64,7 +67,8 @@ def run_play(playbook="apply.yml", bundle_dir=None, extra=(), env=None):
     if bundle_dir:
         environment["HPCOBS_BUNDLE_DIR"] = bundle_dir
     environment.update(env or {})
-    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, playbook)]
+    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, playbook),
+           "-e", json.dumps({"artifact_cache_dir": CACHE_DIR})]
     for item in extra:
         cmd += ["-e", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environment, timeout=900)
@@ -200,7 +204,7 @@ def test_install_then_a_damaged_bundle_leaves_the_running_service_alone(tmp_path
 
 def test_stale_unpacked_cache_is_not_trusted_blindly(tmp_path):
     """The controller's unpack cache is keyed by the verified archive's sha256: a damaged archive never maps to it."""
-    caches = glob.glob(os.path.expanduser("~/.cache/hpcobs/artifacts/*/.hpcobs-unpacked"))
+    caches = glob.glob(os.path.join(CACHE_DIR, "*", ".hpcobs-unpacked"))
     manifest = json.load(open(os.path.join(source_bundle(), "manifest.json"), encoding="utf-8"))
     digests = {f["sha256"] for c in manifest["components"].values() for f in c["files"].values()}
     assert caches, "the install above should have unpacked at least one archive"

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
+
 from gpu_node_lib import (BASE_LABELS, COUNTERS, MAPPING_DIR, MIG_LABELS, SIM, expected, expected_entities,
                           http_get, parse, scrape, series, csv_fields)
 
@@ -35,10 +37,8 @@ def test_services_enabled_and_running(host, unit):
 
 
 def test_unit_runs_the_simulator_with_the_roles_flags_as_a_dedicated_user(host):
-    user = host.user("dcgm_exporter")
-    assert user.exists and user.shell.endswith("nologin")
-    pid = host.check_output("systemctl show -p MainPID --value dcgm_exporter")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "dcgm_exporter"
+    assert_runs_as_its_own_user(host, "dcgm_exporter", "dcgm_exporter")
+    pid = main_pid(host, "dcgm_exporter")
     argv = host.file("/proc/%s/cmdline" % pid).content.split(b"\0")[:-1]
     argv = [a.decode() for a in argv]
     assert argv[:2] == ["/usr/bin/python3", SIM]
@@ -62,7 +62,7 @@ def test_unit_runs_the_simulator_with_the_roles_flags_as_a_dedicated_user(host):
     ("MemoryDenyWriteExecute", "yes"),
 ])
 def test_unit_is_hardened(host, setting, value):
-    assert host.check_output("systemctl show -p %s --value dcgm_exporter" % setting).strip() == value
+    assert unit_property(host, "dcgm_exporter", setting) == value
 
 
 def test_state_dir_belongs_to_the_service_user(host):

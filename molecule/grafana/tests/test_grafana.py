@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+import hostchecks
+
 from grafana_lib import (COMMUNITY, DATA_HOST, OUR_DASHBOARDS, PORTS, ROOT, SITE_PASSWORD, api, admin_password,
                          bundle_manifest)
 
@@ -16,9 +18,7 @@ VM_REF = {"type": "prometheus", "uid": "hpcobs-vm"}
 
 
 def main_pid(host):
-    pid = host.check_output("systemctl show -p MainPID --value grafana")
-    assert pid not in ("", "0"), "grafana is not running"
-    return pid
+    return hostchecks.main_pid(host, "grafana")
 
 
 # ------------------------------------------------------------------------------------------------ install
@@ -42,11 +42,8 @@ def test_release_tree_from_the_bundle(host):
 
 
 def test_service_runs_as_the_dedicated_user(host):
-    service = host.service("grafana")
-    assert service.is_enabled and service.is_running
-    user = host.user("grafana")
-    assert user.exists and user.shell.endswith("nologin") and user.home == "/var/lib/grafana"
-    assert host.check_output("ps -o user= -p %s" % main_pid(host)).strip() == "grafana"
+    user = hostchecks.assert_runs_as_its_own_user(host, "grafana", "grafana")
+    assert user.home == "/var/lib/grafana"
 
 
 @pytest.mark.parametrize("setting,expected", [
@@ -64,7 +61,7 @@ def test_service_runs_as_the_dedicated_user(host):
     ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
 ])
 def test_unit_is_hardened(host, setting, expected):
-    value = host.check_output("systemctl show -p %s --value grafana" % setting).strip()
+    value = hostchecks.unit_property(host, "grafana", setting)
     # systemd prints sets in its own order
     assert sorted(value.split()) == sorted(expected.split())
 

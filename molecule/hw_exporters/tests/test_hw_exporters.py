@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from hostchecks import main_pid
+
 testinfra_hosts = ["podman://hw_exporters-debian12", "podman://hw_exporters-debian13"]
 
 BMC = "hw_exporters-bmc"
@@ -43,12 +45,6 @@ def value(body, series):
 
 def status_field(host, pid, field):
     return re.search(r"^%s:\s*(\S+)" % field, host.file("/proc/%s/status" % pid).content_string, re.M).group(1)
-
-
-def main_pid(host, unit):
-    pid = host.check_output("systemctl show -p MainPID --value %s" % unit).strip()
-    assert pid not in ("", "0"), "%s has no main process" % unit
-    return pid
 
 
 def remote(host, module, target=BMC):

@@ -68,6 +68,3 @@ def bundle_binary_sha256(component, binary):
         data = archive.read(item["binaries"][binary])
     return hashlib.sha256(data).hexdigest()
 
-
-def unit_property(host, unit, name):
-    return host.check_output("systemctl show -p %s --value %s" % (name, unit)).strip()

@@ -1,23 +1,14 @@
 """Loki on the management host, as converged by the loki role (the binary is the test bundle's stand-in)."""
 import pytest
 
-from helpers import LOKI, MGMT, bundle_binary_sha256, http, http_json, read_yaml, unit_property
+from helpers import LOKI, MGMT, bundle_binary_sha256, http, http_json, read_yaml
+from hostchecks import assert_runs_as_its_own_user, unit_property
 
 testinfra_hosts = [MGMT]
 
 
-def test_service_is_enabled_and_running(host):
-    service = host.service("loki")
-    assert service.is_enabled
-    assert service.is_running
-
-
-def test_runs_as_dedicated_unprivileged_user(host):
-    user = host.user("loki")
-    assert user.exists
-    assert user.shell.endswith("nologin")
-    pid = unit_property(host, "loki", "MainPID")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "loki"
+def test_service_runs_as_its_own_unprivileged_user(host):
+    assert_runs_as_its_own_user(host, "loki", "loki")
 
 
 @pytest.mark.parametrize("setting,expected", [

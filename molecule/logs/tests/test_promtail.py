@@ -1,24 +1,17 @@
 """Promtail on the GPU node, as converged by the promtail role (the binary is the test bundle's stand-in)."""
 import pytest
 
-from helpers import LOKI, NODE, bundle_binary_sha256, http, read_yaml, unit_property
+from helpers import LOKI, NODE, bundle_binary_sha256, http, read_yaml
+from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
 
 testinfra_hosts = [NODE]
 
 
-def test_service_is_enabled_and_running(host):
-    service = host.service("promtail")
-    assert service.is_enabled
-    assert service.is_running
-
-
-def test_runs_as_dedicated_user_with_read_groups_only(host):
-    user = host.user("promtail")
-    assert user.exists and user.shell.endswith("nologin")
+def test_runs_as_its_own_user_with_read_groups_only(host):
+    user = assert_runs_as_its_own_user(host, "promtail", "promtail")
     # read access comes from the unit, the account itself is in no extra group
     assert user.groups == ["promtail"]
-    pid = unit_property(host, "promtail", "MainPID")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "promtail"
+    pid = main_pid(host, "promtail")
     status = host.file("/proc/%s/status" % pid).content_string
     groups = next(line.split()[1:] for line in status.splitlines() if line.startswith("Groups:"))
     wanted = {host.group(name).gid for name in ("systemd-journal", "adm")}

@@ -2,6 +2,7 @@
 import pytest
 import yaml
 
+from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
 from mgmt import MANAGEMENT, get_json, wait_for
 
 testinfra_hosts = ["management"]
@@ -13,16 +14,8 @@ SECRETS = {
 }
 
 
-def cmdline(host):
-    pid = host.check_output("systemctl show -p MainPID --value alertmanager")
-    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
-
-
-def test_service_is_enabled_and_running_as_its_own_user(host):
-    service = host.service("alertmanager")
-    assert service.is_enabled and service.is_running
-    pid = host.check_output("systemctl show -p MainPID --value alertmanager")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "alertmanager"
+def test_service_runs_as_its_own_user(host):
+    assert_runs_as_its_own_user(host, "alertmanager", "alertmanager")
 
 
 @pytest.mark.parametrize("setting,expected", [
@@ -34,13 +27,13 @@ def test_service_is_enabled_and_running_as_its_own_user(host):
     ("ReadWritePaths", "/var/lib/alertmanager"),
 ])
 def test_unit_is_hardened(host, setting, expected):
-    assert host.check_output("systemctl show -p %s --value alertmanager" % setting).strip() == expected
+    assert unit_property(host, "alertmanager", setting) == expected
 
 
 def test_cluster_flags_name_the_other_host(host):
     name = host.check_output("hostname")
     other = [m for m in MANAGEMENT if m != name]
-    args = cmdline(host)
+    args = cmdline(host, "alertmanager")
     assert [a for a in args if a.startswith("--cluster.peer=")] == ["--cluster.peer=%s:9094" % o for o in other]
     assert "--cluster.listen-address=0.0.0.0:9094" in args
     assert "--storage.path=/var/lib/alertmanager" in args
@@ -80,7 +73,7 @@ def test_secrets_are_files_never_inline(host):
     assert "api_url_file: /etc/alertmanager/secrets/slack_webhook" in config
     # the unit and the process never see them either
     assert not any(value in host.check_output("systemctl cat alertmanager") for value in SECRETS.values())
-    assert not any(value in " ".join(cmdline(host)) for value in SECRETS.values())
+    assert not any(value in " ".join(cmdline(host, "alertmanager")) for value in SECRETS.values())
 
 
 @pytest.mark.parametrize("labels,receiver", [

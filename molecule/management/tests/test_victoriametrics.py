@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from hostchecks import assert_runs_as_its_own_user, cmdline
 from mgmt import MANAGEMENT, get_json, query, wait_for
 
 testinfra_hosts = ["management"]
@@ -10,17 +11,8 @@ testinfra_hosts = ["management"]
 SCRAPED_JOBS = {"node", "victoriametrics", "vmalert", "alertmanager"}
 
 
-def cmdline(host, unit):
-    pid = host.check_output("systemctl show -p MainPID --value %s" % unit)
-    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
-
-
-def test_service_is_enabled_and_running_as_its_own_user(host):
-    service = host.service("victoriametrics")
-    assert service.is_enabled and service.is_running
-    pid = host.check_output("systemctl show -p MainPID --value victoriametrics")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "victoriametrics"
-    assert host.user("victoriametrics").shell.endswith("nologin")
+def test_service_runs_as_its_own_user(host):
+    assert_runs_as_its_own_user(host, "victoriametrics", "victoriametrics")
 
 
 @pytest.mark.parametrize("setting,expected", [

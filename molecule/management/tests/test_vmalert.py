@@ -1,6 +1,7 @@
 """vmalert as converged by the role on both management hosts."""
 import pytest
 
+from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
 from mgmt import MANAGEMENT, get_json, wait_for
 
 testinfra_hosts = ["management"]
@@ -9,16 +10,8 @@ RULE_FILES = ["hpcobs-energy.yml", "hpcobs-fleet.yml", "hpcobs-gpu.yml", "hpcobs
               "site-rules.yml"]
 
 
-def cmdline(host):
-    pid = host.check_output("systemctl show -p MainPID --value vmalert")
-    return host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
-
-
-def test_service_is_enabled_and_running_as_its_own_user(host):
-    service = host.service("vmalert")
-    assert service.is_enabled and service.is_running
-    pid = host.check_output("systemctl show -p MainPID --value vmalert")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "vmalert"
+def test_service_runs_as_its_own_user(host):
+    assert_runs_as_its_own_user(host, "vmalert", "vmalert")
 
 
 @pytest.mark.parametrize("setting,expected", [
@@ -29,11 +22,11 @@ def test_service_is_enabled_and_running_as_its_own_user(host):
     ("CapabilityBoundingSet", ""),
 ])
 def test_unit_is_hardened(host, setting, expected):
-    assert host.check_output("systemctl show -p %s --value vmalert" % setting).strip() == expected
+    assert unit_property(host, "vmalert", setting) == expected
 
 
 def test_flags_point_at_victoriametrics_and_every_alertmanager(host):
-    args = cmdline(host)
+    args = cmdline(host, "vmalert")
     name = host.check_output("hostname")
     assert "-rule=/etc/vmalert/rules/*.yml" in args
     for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):

@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+from hostchecks import assert_runs_as_its_own_user, unit_property
+
 METRICS = "http://127.0.0.1:9100/metrics"
 
 
@@ -12,18 +14,8 @@ def scrape(host):
                              "sys.stdout.write(urllib.request.urlopen('%s', timeout=10).read().decode())\"" % METRICS)
 
 
-def test_service_is_enabled_and_running(host):
-    service = host.service("node_exporter")
-    assert service.is_enabled
-    assert service.is_running
-
-
-def test_runs_as_dedicated_unprivileged_user(host):
-    user = host.user("node_exporter")
-    assert user.exists
-    assert user.shell.endswith("nologin")
-    pid = host.check_output("systemctl show -p MainPID --value node_exporter")
-    assert host.check_output("ps -o user= -p %s" % pid).strip() == "node_exporter"
+def test_service_runs_as_its_own_unprivileged_user(host):
+    assert_runs_as_its_own_user(host, "node_exporter", "node_exporter")
 
 
 @pytest.mark.parametrize("setting,expected", [
@@ -35,7 +27,7 @@ def test_runs_as_dedicated_unprivileged_user(host):
     ("User", "node_exporter"),
 ])
 def test_unit_is_hardened(host, setting, expected):
-    assert host.check_output("systemctl show -p %s --value node_exporter" % setting).strip() == expected
+    assert unit_property(host, "node_exporter", setting) == expected
 
 
 def test_binary_is_the_bundled_release(host):
