@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tooling import tool
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "alertmanager"
@@ -60,18 +61,6 @@ ROUTES = [
     ("alertname=HpcobsGpuEccUncorrectable audience=oncall maintenance=true", "maintenance"),
     ("alertname=Unlabelled", "ops"),
 ]
-
-
-def tool(name: str) -> Path:
-    env_dir = os.environ.get("HPCOBS_TOOLS_BIN")
-    candidates = [Path(env_dir) / name] if env_dir else [REPO / ".cache" / "tools" / "bin" / name]
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    found = None if env_dir else shutil.which(name)
-    if found:
-        return Path(found)
-    pytest.fail("%s not found (HPCOBS_TOOLS_BIN, %s or PATH); run make tools" % (name, REPO / ".cache/tools/bin"))
 
 
 @pytest.fixture(scope="module")

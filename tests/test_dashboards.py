@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -34,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "dashboards"))
 
 import queries  # noqa: E402
+from tooling import tool
 
 DASHBOARD_DIR = REPO / "roles" / "grafana" / "files" / "dashboards"
 GENERATOR = REPO / "roles" / "grafana" / "dashboards" / "generate.py"
@@ -47,18 +46,6 @@ DASHBOARDS = queries.load_dashboards()
 ALL_QUERIES = queries.all_queries()
 # Values a user would pick; only used where no VictoriaMetrics lists them (syntax check).
 SAMPLE_VALUES = {"node": "gpu01", "gpu": "0", "account": "physics", "job": "1001"}
-
-
-def tool(name: str) -> Path:
-    env_dir = os.environ.get("HPCOBS_TOOLS_BIN")
-    candidates = [Path(env_dir) / name] if env_dir else [REPO / ".cache" / "tools" / "bin" / name]
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    if not env_dir and shutil.which(name):
-        return Path(shutil.which(name))
-    pytest.fail("%s not found: set HPCOBS_TOOLS_BIN, install it into .cache/tools/bin (make setup) or put it on PATH"
-                % name)
 
 
 # ------------------------------------------------------------------------------------------------ generated JSON

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tooling import tool
 
 REPO = Path(__file__).resolve().parents[1]
 RULE_TESTS_DIR = REPO / "tests" / "rules"
@@ -52,24 +53,6 @@ YAMLLINT_CONFIG = "extends: default\nrules:\n  line-length:\n    max: 160\n"
 
 
 # --------------------------------------------------------------------------------------------------- tools
-def tool(name: str) -> Path:
-    """Locate a binary: $HPCOBS_TOOLS_BIN, else <repo>/.cache/tools/bin, else PATH; fail if absent."""
-    env_dir = os.environ.get("HPCOBS_TOOLS_BIN")
-    if env_dir:
-        path = Path(env_dir) / name
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-        pytest.fail(f"{name} not found in HPCOBS_TOOLS_BIN={env_dir} (expected an executable {path})")
-    cached = REPO / ".cache" / "tools" / "bin" / name
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return cached
-    found = shutil.which(name)
-    if found:
-        return Path(found)
-    pytest.fail(
-        f"{name} not found: set HPCOBS_TOOLS_BIN to a directory that holds it, install it into "
-        f"{REPO / '.cache/tools/bin'} (make setup), or put it on PATH"
-    )
 
 
 def ansible_playbook() -> Path:

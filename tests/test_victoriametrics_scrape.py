@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from tooling import tool
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "victoriametrics"
@@ -35,18 +35,6 @@ OVERRIDES = {
     "slurm": {"port": 8080, "groups": ["slurm_controllers"], "scrape_interval": "1m", "metrics_path": "/slurm/metrics"},
     "nothere": {"port": 1234, "groups": ["no_such_group"]},
 }
-
-
-def tool(name: str) -> Path:
-    env_dir = os.environ.get("HPCOBS_TOOLS_BIN")
-    candidates = [Path(env_dir) / name] if env_dir else [REPO / ".cache" / "tools" / "bin" / name]
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    found = None if env_dir else shutil.which(name)
-    if found:
-        return Path(found)
-    pytest.fail("%s not found (HPCOBS_TOOLS_BIN, %s or PATH); run make tools" % (name, REPO / ".cache/tools/bin"))
 
 
 @pytest.fixture(scope="module")
