@@ -29,7 +29,7 @@ def start_refusals(name):
         "HPCOBS_BUNDLE_DIR": env.get("HPCOBS_BUNDLE_DIR") or os.path.join(ROOT, ".cache/bundle-test/bundle"),
     })
     cmd = [shutil.which("ansible-playbook") or "ansible-playbook", "-i", "%s," % name,
-           "-c", "containers.podman.podman", "-e", "ansible_python_interpreter=/usr/bin/python3",
+           "-c", "hpcobs_nsenter", "-e", "ansible_python_interpreter=/usr/bin/python3",
            os.path.join(SCENARIO, "refusals.yml")]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
