@@ -61,6 +61,37 @@ def _start_time(pid):
         return None
 
 
+def init_pid(container, podman="podman"):
+    """The pid of the container's init process: from the cache while that process lives, else podman inspect."""
+    cache = os.path.join(CACHE_DIR, container)
+    try:
+        with open(cache, encoding="ascii") as handle:
+            pid, started = handle.read().split()
+        if _start_time(pid) == started:
+            return pid
+    except (OSError, ValueError):
+        pass
+    proc = subprocess.run([podman, "inspect", "--type", "container", "--format", "{{.State.Pid}}", container],
+                          capture_output=True, text=True, check=False)
+    pid = proc.stdout.strip()
+    if proc.returncode != 0 or not pid.isdigit() or pid == "0":
+        raise AnsibleConnectionFailure("container %s is not running: %s" % (container, proc.stderr.strip()))
+    started = _start_time(pid)
+    if started:
+        os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
+        tmp = "%s.%d" % (cache, os.getpid())
+        with open(tmp, "w", encoding="ascii") as handle:
+            handle.write("%s %s\n" % (pid, started))
+        os.replace(tmp, cache)
+    return pid
+
+
+def nsenter_argv(pid, argv):
+    """Run argv as root in every namespace of process pid, with a clean environment."""
+    return ["nsenter", "--target", pid, "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup", "--root", "--wd",
+            "/usr/bin/env", "-i"] + ENVIRONMENT + list(argv)
+
+
 class Connection(ConnectionBase):
     transport = "hpcobs_nsenter"
     has_pipelining = True
@@ -70,39 +101,14 @@ class Connection(ConnectionBase):
         super().__init__(*args, **kwargs)
         self._pid = None
 
-    def _init_pid(self, container):
-        cache = os.path.join(CACHE_DIR, container)
-        try:
-            with open(cache, encoding="ascii") as handle:
-                pid, started = handle.read().split()
-            if _start_time(pid) == started:
-                return pid
-        except (OSError, ValueError):
-            pass
-        podman = self.get_option("podman_executable")
-        proc = subprocess.run([podman, "inspect", "--type", "container", "--format", "{{.State.Pid}}", container],
-                              capture_output=True, text=True, check=False)
-        pid = proc.stdout.strip()
-        if proc.returncode != 0 or not pid.isdigit() or pid == "0":
-            raise AnsibleConnectionFailure("container %s is not running: %s" % (container, proc.stderr.strip()))
-        started = _start_time(pid)
-        if started:
-            os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
-            tmp = "%s.%d" % (cache, os.getpid())
-            with open(tmp, "w", encoding="ascii") as handle:
-                handle.write("%s %s\n" % (pid, started))
-            os.replace(tmp, cache)
-        return pid
-
     def _connect(self):
         if not self._connected:
-            self._pid = self._init_pid(self.get_option("remote_addr"))
+            self._pid = init_pid(self.get_option("remote_addr"), self.get_option("podman_executable"))
             self._connected = True
         return self
 
     def _run(self, argv, in_data=None, stdin=None):
-        command = ["nsenter", "--target", self._pid, "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup",
-                   "--root", "--wd", "/usr/bin/env", "-i"] + ENVIRONMENT + argv
+        command = nsenter_argv(self._pid, argv)
         display.vvv("NSENTER %s" % " ".join(shlex.quote(a) for a in argv), host=self.get_option("remote_addr"))
         if stdin is not None:
             proc = subprocess.run(command, stdin=stdin, capture_output=True, check=False)
