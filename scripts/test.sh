@@ -19,6 +19,8 @@ export HPCOBS_TOOLS_BIN="$root/.cache/tools/bin"
 # be had here); the local-mirror bundle itself stays as built.
 export HPCOBS_BUNDLE_DIR="${HPCOBS_TEST_BUNDLE_DIR:-$root/.cache/bundle-test/bundle}"
 export PY_COLORS=1 ANSIBLE_FORCE_COLOR=1
+# Molecule wraps what it prints at the terminal's width (80 without one): keep test output lines whole in the logs.
+export COLUMNS=${COLUMNS:-250}
 mkdir -p .cache/logs
 
 results=""
@@ -111,7 +113,24 @@ one_scenario() {
       grep -vE "^\s*$" "$log" | tail -60
     fi
   } >".cache/logs/result-$scenario.txt"
+  [ $status = ok ] || failure_digest "$log" >".cache/logs/failures-$scenario.txt"
   echo "$status $seconds" >".cache/logs/result-$scenario"
+}
+
+# What failed in a Molecule log, in a few lines: failed Ansible tasks, failed tests and their first error lines.
+failure_digest() {
+  # Molecule prefixes the output of the programs it runs with a box line ("  │ ").
+  sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^ *│ \{0,1\}//' "$1" | awk '
+    # an Ansible failure is shown with its task, unless the play ignored it
+    pending != "" { if ($0 !~ /^\.\.\.ignoring/) print pending; pending = "" }
+    /^TASK \[/ { task = $0; next }
+    /^(fatal|failed): / { pending = (task != "" ? task "\n" : "") substr($0, 1, 400); task = ""; next }
+    /^___+ .* ___+$/ { print; errors = 0; next }
+    /^E   / { if (++errors <= 3) print substr($0, 1, 400); next }
+    /^FAILED - RETRYING/ { next }
+    /^(FAILED|ERROR) / || /Executed: Failed/ { print substr($0, 1, 400) }
+    END { if (pending != "") print pending }
+  ' | tail -60
 }
 
 # Scenarios run in HPCOBS_TEST_JOBS lanes (default 2): each has its own hosts and podman network, and much of a
@@ -122,7 +141,7 @@ molecule_all() {
   jobs=${HPCOBS_TEST_JOBS:-2}
   note "molecule ($jobs lanes): $list"
   for scenario in $list; do
-    rm -f ".cache/logs/result-$scenario" ".cache/logs/result-$scenario.txt"
+    rm -f ".cache/logs/result-$scenario" ".cache/logs/result-$scenario.txt" ".cache/logs/failures-$scenario.txt"
   done
   printf '%s\n' $list | xargs -P "$jobs" -I{} sh -c \
     'scripts/test.sh _scenario "$1"; cat ".cache/logs/result-$1.txt"' sh {}
@@ -134,6 +153,12 @@ molecule_all() {
     fi
     [ "$status" = ok ] || rc=1
     record "molecule:$scenario" "$status" "$seconds"
+  done
+  # Failures again at the end of the output, where a truncated log still shows them.
+  for scenario in $list; do
+    [ -s ".cache/logs/failures-$scenario.txt" ] || continue
+    note "what failed in molecule $scenario"
+    cat ".cache/logs/failures-$scenario.txt"
   done
   return $rc
 }

@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from polling import wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "dashboards"))
@@ -43,17 +44,6 @@ def address(host):
     out = subprocess.run(["podman", "inspect", "-f", "{{json .NetworkSettings.Networks}}", host], capture_output=True,
                          text=True, check=True).stdout
     return json.loads(out)[NETWORK]["IPAddress"]
-
-
-def wait_for(what, probe, timeout, interval=1.0):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail("timed out after %ss waiting for %s (last: %r)" % (timeout, what, last))
 
 
 class E2E:

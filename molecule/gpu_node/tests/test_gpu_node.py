@@ -2,24 +2,14 @@
 fault injection and the job-mapping directory's tmpfiles entry."""
 import json
 import re
-import time
 
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
+from polling import wait_for
 
 from gpu_node_lib import (BASE_LABELS, COUNTERS, MAPPING_DIR, MIG_LABELS, SIM, expected, expected_entities,
                           http_get, parse, scrape, series, csv_fields)
-
-
-def wait_for(check, timeout=15, interval=0.5):
-    """Poll check() until it returns a true value; return it, or fail with the last value."""
-    deadline = time.time() + timeout
-    while True:
-        result = check()
-        if result or time.time() > deadline:
-            return result
-        time.sleep(interval)
 
 
 def whole_gpu(exp):
@@ -238,8 +228,8 @@ def test_ecc_dbe_fault_increments_the_counter(host):
         host.check_output("%s fault set --gpu %d ecc-dbe --rate 4" % (SIM, gpu))
         first, _ = value_of(host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu)
         assert first >= 1
-        later = wait_for(lambda: value_of(host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu)[0] > first, timeout=10)
-        assert later, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL did not grow"
+        wait_for("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL to grow",
+                 lambda: value_of(host, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu)[0] > first, 10, 0.5)
         # the other GPUs are untouched
         samples, _ = parse(scrape(host))
         assert all(s.value == 0 for s in series(samples, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") if s.d["gpu"] != str(gpu))
@@ -263,8 +253,7 @@ def test_xid_79_shows_in_the_metric_and_as_a_kernel_line_in_the_journal(host):
         def kernel_lines():
             raw = host.check_output("journalctl --no-pager -o json -t kernel --since @%s" % since)
             return [json.loads(line) for line in raw.splitlines() if "NVRM: Xid" in line]
-        records = wait_for(kernel_lines, timeout=10)
-        assert records, "no NVRM: Xid line in the journal"
+        records = wait_for("an NVRM: Xid line in the journal", kernel_lines, 10, 0.5)
         record = records[-1]
         assert record["MESSAGE"].startswith("NVRM: Xid (PCI:%s): 79, " % pci)
         assert "GPU has fallen off the bus" in record["MESSAGE"]

@@ -49,16 +49,6 @@ def query(host, logql, since_ns, limit=1000):
     return answer["data"]["result"]
 
 
-def wait_for(check, timeout=30, interval=1, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.time() < deadline, "%s not met within %ss" % (what, timeout)
-        time.sleep(interval)
-
-
 def bundle_binary_sha256(component, binary):
     """sha256 of a binary inside the bundle's amd64 archive of component, as the artifact role installs it."""
     bundle = Path(os.environ.get("HPCOBS_BUNDLE_DIR") or REPO / ".cache" / "bundle-test" / "bundle")

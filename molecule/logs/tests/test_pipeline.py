@@ -9,7 +9,8 @@ import uuid
 
 import testinfra
 
-from helpers import MGMT, NODE, http, query, wait_for
+from helpers import MGMT, NODE, http, query
+from polling import wait_for
 
 testinfra_hosts = [NODE]
 
@@ -33,9 +34,8 @@ def lines(streams):
 def test_kernel_xid_line_reaches_loki_labelled_as_kernel(host):
     since = STARTED["xid"] = time.time_ns() - 10 ** 9
     host.check_output("logger -t kernel -p kern.err %s" % repr(XID_LINE))
-    streams = wait_for(
-        lambda: query(host, '{syslog_identifier="kernel", node="%s"} |= "NVRM: Xid"' % NODE, since),
-        timeout=30, what="the XID line in Loki")
+    streams = wait_for("the XID line in Loki", lambda: query(
+        host, '{syslog_identifier="kernel", node="%s"} |= "NVRM: Xid"' % NODE, since), 30)
     assert lines(streams) == [XID_LINE]
     (stream,) = streams
     labels = stream["stream"]
@@ -60,8 +60,8 @@ def test_slurm_log_file_reaches_loki(host):
     since = time.time_ns() - 3600 * 10 ** 9
     marker = "slurmd job 4242 launched %s" % uuid.uuid4().hex
     host.check_output("printf '%%s\\n' %s >> /var/log/slurm/slurmd.log" % repr(marker))
-    streams = wait_for(lambda: query(host, '{job="slurm", node="%s"} |= "%s"' % (NODE, marker), since),
-                       timeout=30, what="the Slurm line in Loki")
+    streams = wait_for("the Slurm line in Loki", lambda: query(
+        host, '{job="slurm", node="%s"} |= "%s"' % (NODE, marker), since), 30)
     (stream,) = streams
     assert stream["stream"] == {"job": "slurm", "node": NODE, "filename": "/var/log/slurm/slurmd.log"}
     # the line written before Promtail ever ran was read from the start of the file, once
@@ -77,16 +77,16 @@ def test_positions_persist_across_a_restart(host):
     marker = "hpcobs positions probe %s" % uuid.uuid4().hex
     since = time.time_ns() - 10 ** 9
     host.check_output("logger -t hpcobs-test %s" % marker)
-    wait_for(lambda: query(host, '{syslog_identifier="hpcobs-test"} |= "%s"' % marker, since), timeout=30,
-             what="the probe line in Loki")
+    wait_for("the probe line in Loki", lambda: query(
+        host, '{syslog_identifier="hpcobs-test"} |= "%s"' % marker, since), 30)
     host.check_output("systemctl restart promtail")
-    wait_for(lambda: http(host, "http://127.0.0.1:9080/ready", status=True)[0] == 200, timeout=30,
-             what="promtail ready after the restart")
+    wait_for("promtail ready after the restart",
+             lambda: http(host, "http://127.0.0.1:9080/ready", status=True)[0] == 200, 30)
     assert host.file("/var/lib/promtail/positions.yaml").exists
     second = "hpcobs positions probe after restart %s" % uuid.uuid4().hex
     host.check_output("logger -t hpcobs-test %s" % second)
-    wait_for(lambda: query(host, '{syslog_identifier="hpcobs-test"} |= "%s"' % second, since), timeout=30,
-             what="a line logged after the restart")
+    wait_for("a line logged after the restart", lambda: query(
+        host, '{syslog_identifier="hpcobs-test"} |= "%s"' % second, since), 30)
     # the restarted Promtail went on from its saved cursor: nothing before it was sent a second time
     assert lines(query(host, '{syslog_identifier="hpcobs-test"} |= "%s"' % marker, since)) == [marker]
     assert lines(query(host, '{syslog_identifier="kernel"} |= "NVRM: Xid"', STARTED["xid"])).count(XID_LINE) == 1
@@ -95,7 +95,7 @@ def test_positions_persist_across_a_restart(host):
 def test_loki_keeps_logs_across_a_restart(host):
     store = mgmt()
     store.check_output("systemctl restart loki")
-    wait_for(lambda: http(store, "http://127.0.0.1:3100/ready", status=True)[0] == 200, timeout=60,
-             what="loki ready after the restart")
+    wait_for("loki ready after the restart",
+             lambda: http(store, "http://127.0.0.1:3100/ready", status=True)[0] == 200, 60)
     assert XID_LINE in lines(query(host, '{syslog_identifier="kernel", node="%s"} |= "NVRM: Xid"' % NODE, day_ago()))
     assert store.file("/var/lib/loki/site-restore-marker").exists

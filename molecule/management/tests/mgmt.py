@@ -9,7 +9,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 
 import testinfra
 
@@ -30,6 +29,8 @@ _FETCH = (
     "  resp=urllib.request.urlopen(req,timeout=20); code,body=resp.status,resp.read()\n"
     "except urllib.error.HTTPError as err:\n"
     "  code,body=err.code,err.read()\n"
+    "except (urllib.error.URLError,OSError) as err:\n"
+    "  code,body=0,str(err).encode()\n"
     "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n"
 )
 
@@ -39,7 +40,7 @@ def host(name):
 
 
 def http(name, url, data=None, method=None):
-    """(status, body) of an HTTP request made from inside container `name`."""
+    """(status, body) of an HTTP request made from inside container `name`; status 0 when nothing answered."""
     payload = "-" if data is None else base64.b64encode(data if isinstance(data, bytes) else data.encode()).decode()
     out = host(name).check_output("python3 -c %s %s %s %s" % (
         shlex.quote(_FETCH), shlex.quote(url), shlex.quote(payload), shlex.quote(method or "-")))
@@ -55,18 +56,6 @@ def get_json(name, url):
 
 def post_json(name, url, obj, method="POST"):
     return http(name, url, json.dumps(obj), method)
-
-
-def wait_for(what, check, timeout, interval=3):
-    """Call check() until it returns something truthy; fail with `what` after timeout seconds."""
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %ds waiting for %s (last: %r)" % (timeout, what, last))
 
 
 def query(name, expr):

@@ -3,7 +3,8 @@ import pytest
 import yaml
 
 from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
-from mgmt import MANAGEMENT, get_json, wait_for
+from mgmt import MANAGEMENT, get_json
+from polling import wait_for
 
 testinfra_hosts = ["management"]
 

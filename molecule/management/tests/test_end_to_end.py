@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from mgmt import (HELPER, MANAGEMENT, SERIES_DIR, get_json, host, main_pid, notifications, post_json, query,
-                  wait_for, write_file)
+from mgmt import HELPER, MANAGEMENT, SERIES_DIR, get_json, host, main_pid, notifications, post_json, query, write_file
+from polling import wait_for
 
 # Alerts reach the webhook within: `for` (15 s) + rule interval (5 s) + evaluation/latency offsets (2 s) + pushes
 # (5 s) + group_wait (3 s), plus slack for a loaded test machine.
@@ -85,6 +85,20 @@ def matching(path, alertname, status="firing", **labels):
     return found
 
 
+def described(sent):
+    """What a failed exactly-once check shows: each notification's sender, time and alerts, and what both
+    Alertmanagers logged about their cluster (a peer lost under load makes both send)."""
+    lines = ["%.1f %s from %s: %s" % (
+        entry["received"], entry["body"].get("status"), entry["body"].get("externalURL"),
+        [(a["labels"].get("hpc_job"), a.get("status"), a.get("startsAt")) for a in entry["body"]["alerts"]])
+        for entry in sent]
+    for name in MANAGEMENT:
+        log = host(name).run("journalctl -u alertmanager --no-pager -o cat --since -10min | "
+                             "grep -i -E 'memberlist|cluster|peer|gossip|notify' | tail -15").stdout
+        lines.append("%s alertmanager log:\n%s" % (name, log))
+    return "\n".join(lines)
+
+
 def cluster_ready(name):
     cluster = get_json(name, "http://127.0.0.1:9093/api/v2/status")["cluster"]
     return cluster["status"] == "ready" and len(cluster["peers"]) == len(MANAGEMENT)
@@ -133,7 +147,7 @@ def test_uncorrectable_ecc_pages_oncall_exactly_once(faults):
     print("ECC on gpu-e2e01 -> on-call webhook: %.1f s" % (first[0]["received"] - faults["ecc_raised"]))
     settle_after(first[0])
     sent = matching("/oncall", "HpcobsGpuEccUncorrectable", node="gpu-e2e01", gpu="0")
-    assert len(sent) == 1, "the Alertmanager cluster sent %d notifications" % len(sent)
+    assert len(sent) == 1, "the Alertmanager cluster sent %d notifications:\n%s" % (len(sent), described(sent))
     body = sent[0]["body"]
     assert body["receiver"] == "oncall"
     assert len(body["alerts"]) == 1
@@ -156,7 +170,7 @@ def test_shared_gpu_is_one_notification_naming_both_jobs(faults):
         "/oncall", "HpcobsGpuEccUncorrectable", node="gpu-e2e02", gpu="1"), DELIVERY_TIMEOUT)
     settle_after(first[0])
     sent = matching("/oncall", "HpcobsGpuEccUncorrectable", node="gpu-e2e02", gpu="1")
-    assert len(sent) == 1
+    assert len(sent) == 1, "the Alertmanager cluster sent %d notifications:\n%s" % (len(sent), described(sent))
     alerts = sent[0]["body"]["alerts"]
     assert sorted((a["labels"]["hpc_job"], a["labels"]["user"], a["labels"]["account"]) for a in alerts) == [
         ("4002", "bob", "chemistry"), ("4003", "carol", "physics")]
@@ -167,7 +181,7 @@ def test_hung_job_goes_to_its_team_not_oncall(faults):
         "/physics-team", "HpcobsGpuHungJob", hpc_job="4004"), DELIVERY_TIMEOUT)
     settle_after(first[0])
     sent = matching("/physics-team", "HpcobsGpuHungJob", hpc_job="4004")
-    assert len(sent) == 1
+    assert len(sent) == 1, "the Alertmanager cluster sent %d notifications:\n%s" % (len(sent), described(sent))
     body = sent[0]["body"]
     assert body["receiver"] == "physics-team"
     labels = body["alerts"][0]["labels"]

@@ -13,7 +13,8 @@ import time
 
 import yaml
 
-from mgmt import MANAGEMENT, SCENARIO_DIR, get_json, host, http, main_pid, post_json, run_role, wait_for
+from mgmt import MANAGEMENT, SCENARIO_DIR, get_json, host, http, main_pid, post_json, run_role
+from polling import wait_for
 
 with open(os.path.join(SCENARIO_DIR, "group_vars", "management.yml"), encoding="utf-8") as handle:
     SCENARIO_VARS = yaml.safe_load(handle)

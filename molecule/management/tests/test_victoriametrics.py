@@ -4,7 +4,8 @@ import json
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, cmdline
-from mgmt import MANAGEMENT, get_json, query, wait_for
+from mgmt import MANAGEMENT, get_json, query
+from polling import wait_for
 
 testinfra_hosts = ["management"]
 

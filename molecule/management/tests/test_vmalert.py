@@ -2,7 +2,8 @@
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
-from mgmt import MANAGEMENT, get_json, wait_for
+from mgmt import MANAGEMENT, get_json
+from polling import wait_for
 
 testinfra_hosts = ["management"]
 

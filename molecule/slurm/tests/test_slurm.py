@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
+from polling import wait_for
 
 CLUSTERS = {"d12": "22.05.", "d13": "24.11."}
 MAPPING = "/run/hpcobs/dcgm-job-mapping"
@@ -47,14 +48,8 @@ def clusters():
     return [Cluster(name) for name in CLUSTERS]
 
 
-def wait_until(what, probe, timeout=TIMEOUT, interval=0.5):
-    deadline = time.time() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.time() < deadline, "timed out waiting for %s" % what
-        time.sleep(interval)
+def wait_until(what, probe, timeout=TIMEOUT):
+    return wait_for(what, probe, timeout, interval=0.5)
 
 
 def submit(cluster, user, account, gpus, node, release=None):
