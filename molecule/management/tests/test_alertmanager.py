@@ -106,7 +106,7 @@ def test_route_tree_grouping_and_inhibition(host):
     assert team["receiver"] == "teams" and team["group_by"] == ["alertname", "account", "hpc_job"]
     assert team["routes"] == [{"matchers": ['account="physics"'], "receiver": "physics-team"}]
     assert by_audience[('audience="ops"',)]["receiver"] == "ops"
-    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == ("3s", "10s", "1h")
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == ("10s", "10s", "1h")
     inhibit = config["inhibit_rules"]
     assert {"source_matchers": ['alertname="HpcobsNodeDown"'], "equal": ["node"],
             "target_matchers": ['alertname=~"HpcobsGpu.+|HpcobsDcgmExporterSilent|HpcobsTargetDown|HpcobsHost.+'
