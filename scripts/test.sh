@@ -25,6 +25,7 @@ mkdir -p .cache/logs
 
 results=""
 failed=0
+digests=""  # phases whose failures are summarised at the end (.cache/logs/failures-<phase>.txt)
 started=$(date +%s)
 
 note() { printf '\n==== %s ====\n' "$*"; }
@@ -72,7 +73,12 @@ lint() {
 }
 
 unit() {
-  pytest -q tests
+  rm -f .cache/logs/failures-unit.txt
+  pytest -q tests >.cache/logs/unit.log 2>&1
+  rc=$?
+  cat .cache/logs/unit.log
+  [ $rc = 0 ] || { failure_digest .cache/logs/unit.log >.cache/logs/failures-unit.txt; digests="$digests unit"; }
+  return $rc
 }
 
 # Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
@@ -154,11 +160,8 @@ molecule_all() {
     [ "$status" = ok ] || rc=1
     record "molecule:$scenario" "$status" "$seconds"
   done
-  # Failures again at the end of the output, where a truncated log still shows them.
   for scenario in $list; do
-    [ -s ".cache/logs/failures-$scenario.txt" ] || continue
-    note "what failed in molecule $scenario"
-    cat ".cache/logs/failures-$scenario.txt"
+    [ -s ".cache/logs/failures-$scenario.txt" ] && digests="$digests $scenario"
   done
   return $rc
 }
@@ -183,6 +186,12 @@ case "$phase" in
     ;;
   *) echo "usage: $0 [all|lint|unit|molecule [scenario...]]" >&2; exit 2 ;;
 esac
+
+# Failures again at the end of the output, where a truncated log still shows them.
+for digest in $digests; do
+  note "what failed: $digest"
+  cat ".cache/logs/failures-$digest.txt"
+done
 
 elapsed=$(( $(date +%s) - started ))
 if [ $failed = 0 ]; then
