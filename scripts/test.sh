@@ -159,8 +159,6 @@ molecule_all() {
     fi
     [ "$status" = ok ] || rc=1
     record "molecule:$scenario" "$status" "$seconds"
-  done
-  for scenario in $list; do
     [ -s ".cache/logs/failures-$scenario.txt" ] && digests="$digests $scenario"
   done
   return $rc
