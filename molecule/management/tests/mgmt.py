@@ -29,7 +29,7 @@ _FETCH = (
     "  resp=urllib.request.urlopen(req,timeout=20); code,body=resp.status,resp.read()\n"
     "except urllib.error.HTTPError as err:\n"
     "  code,body=err.code,err.read()\n"
-    "except (urllib.error.URLError,OSError) as err:\n"
+    "except OSError as err:\n"
     "  code,body=0,str(err).encode()\n"
     "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n"
 )

@@ -86,8 +86,9 @@ def matching(path, alertname, status="firing", **labels):
 
 
 def described(sent):
-    """What a failed exactly-once check shows: each notification's sender, time and alerts, and what both
-    Alertmanagers logged about their cluster (a peer lost under load makes both send)."""
+    """What a failed exactly-once check shows: each notification's sender, time and alerts (a second one from the
+    same sender is a group that changed; from the other, a duplicate), and what both Alertmanagers logged about their
+    cluster and notifications."""
     lines = ["%.1f %s from %s: %s" % (
         entry["received"], entry["body"].get("status"), entry["body"].get("externalURL"),
         [(a["labels"].get("hpc_job"), a.get("status"), a.get("startsAt")) for a in entry["body"]["alerts"]])
