@@ -14,15 +14,31 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-packages="podman runc debootstrap uidmap slirp4netns fuse-overlayfs iptables make curl xz-utils unzip python3-venv"
+# Container name resolution (every multi-host scenario and the lab need it) comes from the DNS provider of the
+# network backend podman uses; podman pulls in neither by itself:
+#  - netavark + aardvark-dns: what podman 4 picks on a machine that has no containers yet, and the only backend of
+#    podman 5 (Debian 13), so the lab behaves the same on both;
+#  - a machine whose podman already runs on CNI keeps that backend (podman records its choice; switching needs
+#    `podman system reset`, which would delete the site's own containers and images): there the CNI dnsname plugin
+#    is what resolves names, so it is installed too.
+# scripts/doctor.sh proves the result: two containers on a podman network resolve each other by name.
+packages="podman runc debootstrap uidmap slirp4netns fuse-overlayfs iptables make curl xz-utils unzip python3-venv
+netavark aardvark-dns"
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+apt_install() {
+  say "installing: $*"
+  [ -n "${apt_updated:-}" ] || { apt-get update -qq; apt_updated=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
 missing=""
 for pkg in $packages; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
+  installed "$pkg" || missing="$missing $pkg"
 done
-if [ -n "$missing" ]; then
-  say "installing:$missing"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# shellcheck disable=SC2086
+[ -z "$missing" ] || apt_install $missing
+if [ "$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null)" = cni ] &&
+   ! installed golang-github-containernetworking-plugin-dnsname; then
+  apt_install golang-github-containernetworking-plugin-dnsname
 fi
 
 dropin=/etc/containers/containers.conf.d/50-hpcobs.conf
