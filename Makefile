@@ -15,15 +15,19 @@ GPU ?= 0
 FAULT ?= ecc-dbe
 CODE ?=
 
-.PHONY: help setup images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-status \
+.PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-status \
         test lint unit molecule bench
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-status lint unit molecule bench"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-status lint unit molecule bench"
 
 setup:
 	@scripts/setup.sh
+
+# Prove in seconds that this machine can run the lab and the tests (each failure names its fix).
+doctor: setup
+	@python3 scripts/doctor.py
 
 images: setup
 	@scripts/build-images.sh

@@ -86,6 +86,7 @@ create() {
 
 up() {
   t0=$(date +%s)
+  python3 scripts/doctor.py   # builds the debian12 image when missing
   scripts/build-images.sh debian12
   bundle=$(choose_bundle)
   export HPCOBS_BUNDLE_DIR="$bundle"

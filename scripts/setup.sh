@@ -16,14 +16,13 @@ fi
 
 # Container name resolution (every multi-host scenario and the lab need it) comes from the DNS provider of the
 # network backend podman uses; podman pulls in neither by itself:
-#  - netavark + aardvark-dns: what podman 4 picks on a machine that has no containers yet, and the only backend of
+#  - netavark + aardvark-dns (in scripts/host-packages.txt): what podman 4 picks on a machine that has no containers yet, and the only backend of
 #    podman 5 (Debian 13), so the lab behaves the same on both;
 #  - a machine whose podman already runs on CNI keeps that backend (podman records its choice; switching needs
 #    `podman system reset`, which would delete the site's own containers and images): there the CNI dnsname plugin
 #    is what resolves names, so it is installed too.
 # scripts/doctor.sh proves the result: two containers on a podman network resolve each other by name.
-packages="podman runc debootstrap uidmap slirp4netns fuse-overlayfs iptables make curl xz-utils unzip python3-venv
-netavark aardvark-dns"
+packages=$(grep -v '^#' scripts/host-packages.txt)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 apt_install() {
   say "installing: $*"

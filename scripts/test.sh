@@ -1,6 +1,6 @@
 #!/bin/sh
 # The project's test run (make test). Sets everything up itself on a fresh Debian 12 machine (as root):
-#   1. setup (host packages, podman config, .venv), test images, test tools and a bundle from the local mirror
+#   1. setup (host packages, podman config, .venv), the host check (scripts/doctor.py), test images, test tools and a bundle from the local mirror
 #   2. lint: ansible-lint (production profile), yamllint
 #   3. unit: pytest tests/
 #   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
@@ -47,6 +47,9 @@ prepare() {
   exec 9>.cache/prepare.lock
   flock 9
   scripts/setup.sh || return 1
+  # What every scenario relies on (systemd containers, container DNS, ulimits, disk, memory), proved in seconds
+  # before the long work; the doctor builds the debian12 test image first when it is missing.
+  python3 scripts/doctor.py || return 1
   # Images (debootstrap) and the local-mirror bundle are independent: build them side by side.
   scripts/build-images.sh >.cache/logs/images.log 2>&1 &
   images=$!

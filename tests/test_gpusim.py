@@ -131,8 +131,9 @@ class Sim:
     """One simulator process with its own state and mapping directories."""
 
     def __init__(self, base, hostname="testnode", gpus=4, csv=COUNTERS, extra=(),
-                 mapping=True, env=None, preexec_fn=None, interval_ms=30000):
+                 mapping=True, env=None, preexec_fn=None, interval_ms=30000, launch=None):
         self.base = Path(base)
+        self.launch = list(launch or LAUNCH)
         self.state = self.base / "state"
         self.map = self.base / "map"
         self.kmsg = self.base / "kmsg"
@@ -161,7 +162,7 @@ class Sim:
     def start(self, wait=True):
         self.port = free_port()
         self._stderr = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(LAUNCH + ["-a", "127.0.0.1:%d" % self.port] + self.args,
+        self.proc = subprocess.Popen(self.launch + ["-a", "127.0.0.1:%d" % self.port] + self.args,
                                      env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=self._stderr, preexec_fn=self.preexec_fn)
         if wait:
@@ -695,18 +696,40 @@ def test_unreadable_mapping_file_fails_scrape(sim, kind):
     assert sim.get("/metrics")[0] == 200
 
 
+def _others_can_traverse(path):
+    """True when every directory from / down to path is searchable by any user."""
+    path = Path(path).resolve()
+    return all(os.stat(part).st_mode & stat.S_IXOTH for part in [path, *path.parents])
+
+
 def test_unreadable_mapping_file_permission_denied(make_sim):
-    """A file the service user may not read fails the scrape (as for EACCES upstream)."""
-    base = Path(tempfile.mkdtemp(prefix="gpusim-perm-", dir="/tmp"))
+    """A file the service user may not read fails the scrape (as for EACCES upstream).
+
+    The simulator runs as nobody when the tests run as root, so it must not be started from the checkout: the
+    checkout may lie below a directory only root can enter (/root is 0700). The program and its counters file are
+    copied into a fresh directory that nobody can reach, whatever TMPDIR is.
+    """
+    parent = tempfile.gettempdir()
+    if not _others_can_traverse(parent):
+        parent = "/var/tmp"
+    base = Path(tempfile.mkdtemp(prefix="gpusim-perm-", dir=parent))
     try:
         os.chmod(base, 0o755)
+        assert _others_can_traverse(base), "%s is not reachable by an unprivileged user" % base
+        prog = base / "hpcobs-gpusim"
+        csv = base / "counters.csv"
+        shutil.copy(PROG, prog)
+        shutil.copy(COUNTERS, csv)
+        os.chmod(prog, 0o755)
+        os.chmod(csv, 0o644)
         preexec = None
         if os.geteuid() == 0:
             def preexec():
                 os.setgid(65534)
                 os.setgroups([])
                 os.setuid(65534)
-        s = Sim(base, preexec_fn=preexec)
+        launch = [LAUNCH[0], str(prog)] if len(LAUNCH) == 2 else [str(prog)]
+        s = Sim(base, csv=csv, preexec_fn=preexec, launch=launch)
         os.chmod(s.state, 0o777)
         os.chmod(s.kmsg, 0o666)
         os.chmod(s.base, 0o777)
