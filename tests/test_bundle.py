@@ -214,7 +214,16 @@ def mirror(tmp_path):
     served.server.shutdown()
 
 
-def run_bundle(tmp_path, mirror, *extra):
+def signing_key(tmp_path):
+    key = tmp_path / "signing" / "key"
+    if not key.exists():
+        line = subprocess.run(["python3", os.path.join(ROOT, "scripts", "bundle-tool.py"), "keygen", str(key),
+                               "--principal", "test@example"], check=True, capture_output=True, text=True).stdout
+        (tmp_path / "signing" / "allowed_signers").write_text(line)
+    return str(key)
+
+
+def run_bundle(tmp_path, mirror, *extra, sign=True):
     out = tmp_path / "out"
     cmd = ["ansible-playbook", PLAYBOOK,
            "-e", "hpcobs_bundle_catalog=%s" % mirror.catalog(str(tmp_path / "catalog.yml")),
@@ -222,8 +231,11 @@ def run_bundle(tmp_path, mirror, *extra):
            "-e", "hpcobs_bundle_dir=%s" % (out / "bundle"),
            "-e", "hpcobs_bundle_archive=%s" % (out / "bundle.tar.gz"),
            "-e", '{"hpcobs_bundle_dashboards": false}'] + list(extra)
+    if sign:
+        cmd += ["-e", "hpcobs_bundle_signing_key=%s" % signing_key(tmp_path)]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
+    env.pop("HPCOBS_BUNDLE_SIGNING_KEY", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return proc, out
 
@@ -243,13 +255,19 @@ def test_bundle_builds_verifies_and_packs(tmp_path, mirror):
     assert check.returncode == 0, check.stdout + check.stderr
     listed = {line.split("  ", 1)[1] for line in (out / "bundle" / "SHA256SUMS").read_text().splitlines()}
     on_disk = {os.path.relpath(os.path.join(b, f), out / "bundle") for b, _, fs in os.walk(out / "bundle") for f in fs}
-    assert on_disk - {"SHA256SUMS"} == listed
+    assert on_disk - {"SHA256SUMS", "SHA256SUMS.sig"} == listed
+    # SHA256SUMS is signed, and the signature verifies with the key's allowed_signers line
+    verify = subprocess.run(["python3", os.path.join(ROOT, "scripts", "bundle-tool.py"), "verify", str(out / "bundle"),
+                             "--allowed-signers", str(tmp_path / "signing" / "allowed_signers")],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    assert "signed by test@example" in verify.stdout
     # Galaxy is unreachable here: the pinned collection is packed from the installed copy
     assert "containers.podman" in manifest["collections"]
     # the tarball carries the same tree, and its own checksum file matches
     with tarfile.open(out / "bundle.tar.gz") as tar:
         names = tar.getnames()
-    assert "bundle/manifest.json" in names and "bundle/" + entry["path"] in names
+    assert "bundle/manifest.json" in names and "bundle/SHA256SUMS.sig" in names and "bundle/" + entry["path"] in names
     digest = (out / "bundle.tar.gz.sha256").read_text().split()[0]
     assert digest == sha256((out / "bundle.tar.gz").read_bytes())
 
@@ -292,3 +310,16 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, mirror):
     assert proc.returncode != 0
     assert "hpcobs_bundle_allow_missing a boolean" in proc.stdout
     assert not (out / "bundle").exists()
+
+
+def test_no_signing_key_fails_before_any_download_unless_unsigned_on_purpose(tmp_path, mirror):
+    proc, out = run_bundle(tmp_path, mirror, sign=False)
+    assert proc.returncode != 0
+    assert "No signing key given. The air-gapped side accepts only a bundle signed by a key it trusts" in proc.stdout
+    assert not (out / "bundle").exists()
+    proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_signing_key=%s" % (tmp_path / "nokey"), sign=False)
+    assert proc.returncode != 0 and "No signing key at %s" % (tmp_path / "nokey") in proc.stdout
+    proc, out = run_bundle(tmp_path, mirror, "-e", '{"hpcobs_bundle_unsigned": true}', sign=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert not (out / "bundle" / "SHA256SUMS.sig").exists()
+    assert "UNSIGNED: the air-gapped side will refuse this bundle" in proc.stdout
