@@ -4,6 +4,8 @@
     bundle-tool.py keygen  KEY [--principal NAME]          new ed25519 signing key KEY (+ KEY.pub), prints the
                                                             allowed_signers line that trusts it
     bundle-tool.py sign    BUNDLE_DIR --key KEY             sign BUNDLE_DIR/SHA256SUMS -> SHA256SUMS.sig
+    bundle-tool.py seal    BUNDLE_DIR [--key KEY]           rewrite SHA256SUMS from manifest.json (after editing it),
+                                                            then sign it (unsigned without --key)
     bundle-tool.py verify  BUNDLE_DIR [--allowed-signers F] [--allow-unsigned]
                                                             signature, SHA256SUMS, manifest, every file's sha256
     bundle-tool.py unbundle TARBALL DEST [--allowed-signers F] [--allow-unsigned]
@@ -15,6 +17,7 @@ half is in ssh-agent (a passphrase-protected or hardware key): ssh-keygen then a
 """
 import argparse
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +64,23 @@ def sign(bundle_dir, key):
     return sig
 
 
+def seal(bundle_dir, key=None):
+    """SHA256SUMS for manifest.json and every file it lists (the digests the manifest names), then sign it."""
+    manifest_path = os.path.join(bundle_dir, "manifest.json")
+    with open(manifest_path, encoding="utf-8") as handle:
+        manifest = json.load(handle)
+    check.validate_manifest(manifest, bundle_dir)
+    entries = dict(check.manifest_files(manifest))
+    entries["manifest.json"] = check.sha256_file(manifest_path)
+    sums = os.path.join(bundle_dir, "SHA256SUMS")
+    with open(sums + ".tmp", "w", encoding="utf-8") as handle:
+        handle.writelines("%s  %s\n" % (digest, path) for path, digest in sorted(entries.items()))
+    os.replace(sums + ".tmp", sums)
+    if os.path.lexists(sums + ".sig"):
+        os.remove(sums + ".sig")
+    return sign(bundle_dir, key) if key else sums
+
+
 def report(result, what):
     if result["warning"]:
         bar = "!" * 100
@@ -78,6 +98,9 @@ def main():
     p = sub.add_parser("sign")
     p.add_argument("bundle_dir")
     p.add_argument("--key", required=True)
+    p = sub.add_parser("seal")
+    p.add_argument("bundle_dir")
+    p.add_argument("--key")
     for name, positional in (("verify", ["bundle_dir"]), ("unbundle", ["tarball", "dest"])):
         p = sub.add_parser(name)
         for arg in positional:
@@ -91,6 +114,8 @@ def main():
             sys.stdout.write(keygen(args.key, args.principal))
         elif args.command == "sign":
             print("bundle: signed %s" % sign(args.bundle_dir, args.key))
+        elif args.command == "seal":
+            print("bundle: sealed %s" % seal(args.bundle_dir, args.key))
         elif args.command == "verify":
             result = check.check_bundle(args.bundle_dir, args.allowed_signers, args.allow_unsigned, check_files=True)
             report(result, args.bundle_dir)
