@@ -2,7 +2,10 @@
 # Build an offline bundle.
 #   scripts/bundle.sh upstream [ansible-playbook args]   from the upstream release hosts (connected machine)
 #   scripts/bundle.sh local    [ansible-playbook args]   from the local mirror (Debian packages repacked in the
-#                                                         upstream layout; see scripts/local-mirror/build.py)
+#                                                         upstream layout; see scripts/local-mirror/build.py), on
+#                                                         127.0.0.1 over http, pinned with the mirror's own pins
+#                                                         (.cache/mirror/pins.yml) and signed with this machine's
+#                                                         throw-away key (.cache/signing)
 # The local bundle goes to .cache/bundle-local/bundle (files/bundle is left alone) and is partial by nature:
 # components without a Debian package, the grafana.com dashboards and Galaxy are not reachable from it.
 set -eu
@@ -53,6 +56,8 @@ PY
       -e "hpcobs_bundle_dir=$PWD/.cache/bundle-local/bundle" \
       -e "hpcobs_bundle_archive=$PWD/.cache/bundle-local/hpcobs-bundle-local.tar.gz" \
       -e "hpcobs_bundle_signing_key=$PWD/.cache/signing/bundle-key" \
+      -e "hpcobs_bundle_pins=$PWD/.cache/mirror/pins.yml" \
+      -e '{"hpcobs_bundle_allow_http": true}' \
       -e '{"hpcobs_bundle_allow_missing": true}' "$@"
     echo "$key" >.cache/bundle-local/.key
     ;;
