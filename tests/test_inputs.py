@@ -55,7 +55,8 @@ def test_well_typed_and_absent_values_pass(types):
 
 
 def run(args, **env):
-    environment = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", **env)
+    environment = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                       ANSIBLE_FORCE_COLOR="0", **env)
     return subprocess.run([PLAYBOOK_BIN] + args, cwd=ROOT, env=environment, capture_output=True, text=True,
                           timeout=600)
 

@@ -44,7 +44,8 @@ def toy(tmp_path):
     ]))
 
     def run(*extra):
-        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_FORCE_COLOR="0")
         proc = subprocess.run([PLAYBOOK_BIN, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "site.yml")]
                               + list(extra), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
         summary = proc.stdout[proc.stdout.index("NOT DEPLOYED"):] if "NOT DEPLOYED" in proc.stdout else ""
@@ -116,7 +117,8 @@ def gate(tmp_path):
     ]))
 
     def run(*extra):
-        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                   ANSIBLE_FORCE_COLOR="0")
         return subprocess.run([PLAYBOOK_BIN, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "slurm.yml")]
                               + list(extra), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     return run
