@@ -48,7 +48,8 @@ def toy(tmp_path):
                    ANSIBLE_FORCE_COLOR="0")
         proc = subprocess.run([PLAYBOOK_BIN, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "site.yml")]
                               + list(extra), capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        summary = proc.stdout[proc.stdout.index("NOT DEPLOYED"):] if "NOT DEPLOYED" in proc.stdout else ""
+        summary = proc.stderr[proc.stderr.index("NOT DEPLOYED"):] if "NOT DEPLOYED" in proc.stderr else ""
+        assert "NOT DEPLOYED" not in proc.stdout  # stdout stays the stdout callback's
         return proc, summary
     return run
 
@@ -131,8 +132,8 @@ def test_the_controllers_get_prolog_only_when_every_node_has_the_hooks(gate):
     proc = gate("-e", '{"bad": ["gpu02"]}')
     assert proc.returncode == 2
     assert "Prolog=/Epilog= not written to slurm.conf: the hooks are not in place on gpu02" in proc.stdout
-    assert "--limit gpu02,ctl01" in proc.stdout and "prolog-applied" not in proc.stdout
-    assert "ctl01: failed in task [Wait for the hooks on every GPU node of this run" in proc.stdout
+    assert "--limit gpu02,ctl01" in proc.stderr and "prolog-applied" not in proc.stdout
+    assert "ctl01: failed in task [Wait for the hooks on every GPU node of this run" in proc.stderr
     proc = gate("-e", '{"bad": ["gpu02"], "hpcobs_slurm_hooks_require_every_node": false}')
     assert "prolog-applied" in proc.stdout
 
@@ -141,3 +142,17 @@ def test_nodes_outside_the_limit_do_not_hold_the_controllers_back(gate):
     proc = gate("--limit", "gpu01,ctl01")
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "prolog-applied" in proc.stdout
+
+
+def test_a_failure_a_block_rescues_is_not_reported(tmp_path):
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n      ansible_connection: local\n"
+                                        "      ansible_python_interpreter: %s\n" % sys.executable)
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": [
+        {"block": [{"name": "Try", "ansible.builtin.fail": {"msg": "expected"}}],
+         "rescue": [{"name": "Recover", "ansible.builtin.debug": {"msg": "recovered"}}]}]}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([PLAYBOOK_BIN, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "recovered" in proc.stdout
+    assert "NOT DEPLOYED" not in proc.stdout + proc.stderr

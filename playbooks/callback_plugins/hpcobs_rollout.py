@@ -75,6 +75,9 @@ class CallbackModule(CallbackBase):
         self._note(result, "unreachable")
 
     def v2_playbook_on_stats(self, stats):
+        # a failure that a block rescued is not counted by Ansible's stats, and is not one here
+        failed = {h for h in self.problems if stats.failures.get(h, 0) or stats.dark.get(h, 0)}
+        self.problems = {h: reason for h, reason in self.problems.items() if h in failed}
         lines = []
         for host in sorted(self.problems):
             lines.append("  %s: %s" % (host, self.problems[host]))
@@ -90,4 +93,4 @@ class CallbackModule(CallbackBase):
                          "beyond max_fail_percentage, or an earlier play)" % (host, unreached[host]))
         if lines:
             self._display.display("\nNOT DEPLOYED (%d host%s): re-run once the cause is fixed\n%s"
-                                  % (len(lines), "" if len(lines) == 1 else "s", "\n".join(lines)), stderr=False)
+                                  % (len(lines), "" if len(lines) == 1 else "s", "\n".join(lines)), stderr=True)

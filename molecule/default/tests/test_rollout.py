@@ -56,7 +56,7 @@ def test_a_gpu_node_killed_mid_play_is_named_and_the_others_finish():
     assert "Prolog=/Epilog= not written to slurm.conf: the hooks are not in place on %s" % GPU2 in output
     assert sh(CTL, "sha256sum /etc/slurm/slurm.conf") == conf_before
     # the summary names both, with the reason
-    summary = output[output.index("NOT DEPLOYED"):]
+    summary = output[output.index("NOT DEPLOYED"):]  # stderr, merged into output here
     assert re.search(r"^  %s: (unreachable|failed) in task \[" % GPU2, summary, re.M), summary
     assert re.search(r"^  %s: failed in task \[Wait for the hooks on every GPU node" % CTL, summary, re.M), summary
     assert GPU1 not in summary and MGMT not in summary
