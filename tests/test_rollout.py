@@ -132,7 +132,9 @@ def test_the_controllers_get_prolog_only_when_every_node_has_the_hooks(gate):
     proc = gate("-e", '{"bad": ["gpu02"]}')
     assert proc.returncode == 2
     assert "Prolog=/Epilog= not written to slurm.conf: the hooks are not in place on gpu02" in proc.stdout
-    assert "--limit gpu02,ctl01" in proc.stderr and "prolog-applied" not in proc.stdout
+    flat = " ".join((proc.stdout + proc.stderr).split())  # the yaml result format wraps long messages
+    assert "(e.g. --limit gpu02,ctl01)" in flat, flat[flat.find("Fix them") - 50:flat.find("Fix them") + 120]
+    assert "prolog-applied" not in proc.stdout
     assert "ctl01: failed in task [Wait for the hooks on every GPU node of this run" in proc.stderr
     proc = gate("-e", '{"bad": ["gpu02"], "hpcobs_slurm_hooks_require_every_node": false}')
     assert "prolog-applied" in proc.stdout
@@ -156,3 +158,19 @@ def test_a_failure_a_block_rescues_is_not_reported(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and "recovered" in proc.stdout
     assert "NOT DEPLOYED" not in proc.stdout + proc.stderr
+
+
+def test_a_json_stdout_stays_parseable_with_the_summary(tmp_path):
+    """Tests and tools read the json stdout callback's output: the summary goes to stderr."""
+    import json
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    gpu01:\n      ansible_connection: local\n"
+                                        "      ansible_python_interpreter: %s\n" % sys.executable)
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": [
+        {"name": "Fail", "ansible.builtin.fail": {"msg": "boom"}}]}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    proc = subprocess.run([PLAYBOOK_BIN, "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["stats"]["gpu01"]["failures"] == 1
+    assert "gpu01: failed in task [Fail]: boom" in proc.stderr
