@@ -174,3 +174,12 @@ def test_a_json_stdout_stays_parseable_with_the_summary(tmp_path):
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["stats"]["gpu01"]["failures"] == 1
     assert "gpu01: failed in task [Fail]: boom" in proc.stderr
+
+
+def test_the_slurm_controllers_come_last_in_the_site():
+    """A controller refusing Prolog= is a whole failed batch (one host), which ends an Ansible run: nothing may follow."""
+    with open(os.path.join(ROOT, "playbooks", "site.yml"), encoding="utf-8") as handle:
+        imports = [entry["ansible.builtin.import_playbook"] for entry in yaml.safe_load(handle)]
+    assert imports == ["preflight.yml", "gpu_nodes.yml", "management.yml", "slurm.yml"]
+    with open(os.path.join(ROOT, "playbooks", "slurm.yml"), encoding="utf-8") as handle:
+        assert yaml.safe_load(handle)[-1]["name"] == "Slurm job attribution on the controllers"
