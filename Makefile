@@ -41,9 +41,9 @@ bundle: setup
 bundle-local: setup
 	@scripts/bundle.sh local $(BUNDLE_ARGS)
 
-# Check every file of an unpacked bundle against its SHA256SUMS (default: files/bundle).
+# Check an unpacked bundle (default: files/bundle): signature, SHA256SUMS, manifest, every file's sha256.
 bundle-verify:
-	@cd $${HPCOBS_BUNDLE_DIR:-files/bundle} && sha256sum --check --strict --quiet SHA256SUMS && echo "bundle: every file verified"
+	@python3 scripts/bundle-tool.py verify $${HPCOBS_BUNDLE_DIR:-files/bundle}
 
 # Unpack a carried bundle (make unbundle BUNDLE=/media/hpcobs-bundle-YYYYMMDD.tar.gz) into files/bundle, verified.
 unbundle:

@@ -90,6 +90,10 @@ up() {
   scripts/build-images.sh debian12
   bundle=$(choose_bundle)
   export HPCOBS_BUNDLE_DIR="$bundle"
+  # A local-mirror bundle is signed by this machine's throw-away key; a carried one by a key the site trusts.
+  if [ -z "${HPCOBS_BUNDLE_ALLOWED_SIGNERS:-}" ] && [ "$bundle" = "$root/.cache/bundle-local/bundle" ]; then
+    export HPCOBS_BUNDLE_ALLOWED_SIGNERS="$root/.cache/signing/allowed_signers"
+  fi
   disabled=$(missing_components "$bundle")
   echo "$bundle" >"$state/bundle"
   echo "$disabled" >"$state/disabled"

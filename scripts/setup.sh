@@ -3,7 +3,8 @@
 #  - host packages: podman + runc (systemd containers), debootstrap, make, ...
 #  - a containers.conf drop-in: runc as the OCI runtime (crun refuses hybrid cgroups) and ulimits the kernel allows
 #  - .venv with the pinned Python tooling (requirements-dev.txt), rebuilt only when a requirements file changes
-#  - collections/ from the offline bundle when one is present (files/bundle/collections)
+#  - collections/ from the offline bundle when one is present (files/bundle/collections), once the bundle verifies
+#    (signature, SHA256SUMS, every file: scripts/bundle-tool.py verify)
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ fi
 #  - a machine whose podman already runs on CNI keeps that backend (podman records its choice; switching needs
 #    `podman system reset`, which would delete the site's own containers and images): there the CNI dnsname plugin
 #    is what resolves names, so it is installed too.
-# scripts/doctor.sh proves the result: two containers on a podman network resolve each other by name.
+# scripts/doctor.py proves the result: two containers on a podman network resolve each other by name.
 packages=$(grep -v '^#' scripts/host-packages.txt)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 apt_install() {
@@ -65,9 +66,17 @@ fi
 
 bundle=${HPCOBS_BUNDLE_DIR:-files/bundle}
 if ls "$bundle"/collections/*.tar.gz >/dev/null 2>&1; then
+  verified=""
   for tarball in "$bundle"/collections/*.tar.gz; do
     name=$(basename "$tarball" .tar.gz)
     [ -f "collections/.installed-$name" ] && continue
+    if [ -z "$verified" ]; then
+      if ! python3 scripts/bundle-tool.py verify "$bundle" >/dev/null; then
+        say "WARNING: $bundle does not verify (above): no collection installed from it"
+        break
+      fi
+      verified=1
+    fi
     .venv/bin/ansible-galaxy collection install --offline --force -p collections "$tarball" >/dev/null
     touch "collections/.installed-$name"
     say "installed collection $name from the bundle"

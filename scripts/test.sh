@@ -18,6 +18,8 @@ export HPCOBS_TOOLS_BIN="$root/.cache/tools/bin"
 # The tests install from the local-mirror bundle plus the stand-ins of molecule/standins (components that cannot
 # be had here); the local-mirror bundle itself stays as built.
 export HPCOBS_BUNDLE_DIR="${HPCOBS_TEST_BUNDLE_DIR:-$root/.cache/bundle-test/bundle}"
+# Both are signed by this machine's throw-away key (scripts/bundle.sh local makes it): verification stays on.
+export HPCOBS_BUNDLE_ALLOWED_SIGNERS="${HPCOBS_TEST_ALLOWED_SIGNERS:-$root/.cache/signing/allowed_signers}"
 export PY_COLORS=1 ANSIBLE_FORCE_COLOR=1
 # Molecule wraps what it prints at the terminal's width (80 without one): keep test output lines whole in the logs.
 export COLUMNS=${COLUMNS:-250}

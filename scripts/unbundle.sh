@@ -1,8 +1,13 @@
 #!/bin/sh
 # Unpack a carried offline bundle into files/bundle, verifying every file before the old bundle is replaced.
 #   scripts/unbundle.sh /media/hpcobs-bundle-20261129.tar.gz
-# When <tarball>.sha256 sits next to it, the tarball itself is checked first. The collections it carries are then
-# installed into collections/ (no network needed).
+#   HPCOBS_BUNDLE_ALLOW_UNSIGNED=yes scripts/unbundle.sh ...   accept an unsigned/unknown bundle (loud; never on a site)
+# The tarball is unpacked by scripts/bundle-tool.py, never by tar as root: regular files and directories under
+# bundle/ only (links, devices, setuid bits are refused), no owner or mode taken from it. It is accepted only when
+# SHA256SUMS.sig verifies with a key of the allowed_signers file (HPCOBS_BUNDLE_ALLOWED_SIGNERS, else
+# files/bundle-allowed-signers), SHA256SUMS lists exactly the files unpacked, each with its sha256, and every
+# manifest field is safe. A <tarball>.sha256 next to it is checked too (transport damage only: the signature is the
+# proof of origin). The collections it carries are then installed into collections/ (no network needed).
 set -eu
 cd "$(dirname "$0")/.."
 tarball=${1:-}
@@ -13,20 +18,24 @@ if [ -f "$tarball.sha256" ]; then
   [ "$want" = "$have" ] || { echo "unbundle: $tarball has sha256 $have, $tarball.sha256 says $want: not unpacked" >&2; exit 1; }
   echo "unbundle: tarball checksum ok"
 fi
+override=""
+case "${HPCOBS_BUNDLE_ALLOW_UNSIGNED:-}" in
+  "") ;;
+  yes) override=--allow-unsigned ;;
+  *) echo "unbundle: HPCOBS_BUNDLE_ALLOW_UNSIGNED must be 'yes' or unset" >&2; exit 2 ;;
+esac
 new=files/.bundle.new
-rm -rf "$new"
-mkdir -p "$new"
-tar -C "$new" -xzf "$tarball"
-[ -f "$new/bundle/manifest.json" ] || { rm -rf "$new"; echo "unbundle: $tarball holds no bundle/manifest.json" >&2; exit 1; }
-if ! (cd "$new/bundle" && sha256sum --check --strict --quiet SHA256SUMS); then
-  rm -rf "$new"
-  echo "unbundle: a file of the bundle does not match SHA256SUMS; files/bundle was left as it was" >&2
+rm -rf "$new" "$new.extract"
+# shellcheck disable=SC2086
+if ! python3 scripts/bundle-tool.py unbundle "$tarball" "$new" $override; then
+  rm -rf "$new" "$new.extract"
+  echo "unbundle: $tarball refused; files/bundle was left as it was" >&2
   exit 1
 fi
 rm -rf files/bundle.old
 [ -d files/bundle ] && mv files/bundle files/bundle.old
-mv "$new/bundle" files/bundle
-rm -rf "$new" files/bundle.old
+mv "$new" files/bundle
+rm -rf files/bundle.old
 echo "unbundle: every file verified; files/bundle replaced"
 python3 - <<'PY'
 import json

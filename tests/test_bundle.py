@@ -64,7 +64,7 @@ def test_plan_expands_real_upstream_names(catalog):
 
 
 def test_base_url_keeps_host_and_path(catalog):
-    plan = bundle.bundle_plan(catalog, ["amd64"], ["alertmanager"], "http://mirror.example:8080/up/")
+    plan = bundle.bundle_plan(catalog, ["amd64"], ["alertmanager"], "http://mirror.example:8080/up/", allow_http=True)
     assert plan[0]["url"] == ("http://mirror.example:8080/up/github.com/prometheus/alertmanager/releases/download/"
                               "v0.33.1/alertmanager-0.33.1.linux-amd64.tar.gz")
     assert plan[0]["upstream_url"].startswith("https://github.com/")
@@ -214,16 +214,28 @@ def mirror(tmp_path):
     served.server.shutdown()
 
 
-def run_bundle(tmp_path, mirror, *extra):
+def signing_key(tmp_path):
+    key = tmp_path / "signing" / "key"
+    if not key.exists():
+        line = subprocess.run(["python3", os.path.join(ROOT, "scripts", "bundle-tool.py"), "keygen", str(key),
+                               "--principal", "test@example"], check=True, capture_output=True, text=True).stdout
+        (tmp_path / "signing" / "allowed_signers").write_text(line)
+    return str(key)
+
+
+def run_bundle(tmp_path, mirror, *extra, sign=True):
     out = tmp_path / "out"
     cmd = ["ansible-playbook", PLAYBOOK,
            "-e", "hpcobs_bundle_catalog=%s" % mirror.catalog(str(tmp_path / "catalog.yml")),
            "-e", "hpcobs_bundle_base_url=%s" % mirror.url,
            "-e", "hpcobs_bundle_dir=%s" % (out / "bundle"),
            "-e", "hpcobs_bundle_archive=%s" % (out / "bundle.tar.gz"),
-           "-e", '{"hpcobs_bundle_dashboards": false}'] + list(extra)
+           "-e", '{"hpcobs_bundle_dashboards": false, "hpcobs_bundle_allow_http": true}'] + list(extra)
+    if sign:
+        cmd += ["-e", "hpcobs_bundle_signing_key=%s" % signing_key(tmp_path)]
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_FORCE_COLOR="0")
+    env.pop("HPCOBS_BUNDLE_SIGNING_KEY", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return proc, out
 
@@ -243,13 +255,19 @@ def test_bundle_builds_verifies_and_packs(tmp_path, mirror):
     assert check.returncode == 0, check.stdout + check.stderr
     listed = {line.split("  ", 1)[1] for line in (out / "bundle" / "SHA256SUMS").read_text().splitlines()}
     on_disk = {os.path.relpath(os.path.join(b, f), out / "bundle") for b, _, fs in os.walk(out / "bundle") for f in fs}
-    assert on_disk - {"SHA256SUMS"} == listed
+    assert on_disk - {"SHA256SUMS", "SHA256SUMS.sig"} == listed
+    # SHA256SUMS is signed, and the signature verifies with the key's allowed_signers line
+    verify = subprocess.run(["python3", os.path.join(ROOT, "scripts", "bundle-tool.py"), "verify", str(out / "bundle"),
+                             "--allowed-signers", str(tmp_path / "signing" / "allowed_signers")],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    assert "signed by test@example" in verify.stdout
     # Galaxy is unreachable here: the pinned collection is packed from the installed copy
     assert "containers.podman" in manifest["collections"]
     # the tarball carries the same tree, and its own checksum file matches
     with tarfile.open(out / "bundle.tar.gz") as tar:
         names = tar.getnames()
-    assert "bundle/manifest.json" in names and "bundle/" + entry["path"] in names
+    assert "bundle/manifest.json" in names and "bundle/SHA256SUMS.sig" in names and "bundle/" + entry["path"] in names
     digest = (out / "bundle.tar.gz.sha256").read_text().split()[0]
     assert digest == sha256((out / "bundle.tar.gz").read_bytes())
 
@@ -291,4 +309,115 @@ def test_bad_settings_fail_with_a_clear_message(tmp_path, mirror):
     proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_allow_missing=yes-please")
     assert proc.returncode != 0
     assert "hpcobs_bundle_allow_missing a boolean" in proc.stdout
+    assert not (out / "bundle").exists()
+
+
+def test_no_signing_key_fails_before_any_download_unless_unsigned_on_purpose(tmp_path, mirror):
+    proc, out = run_bundle(tmp_path, mirror, sign=False)
+    assert proc.returncode != 0
+    assert "No signing key given. The air-gapped side accepts only a bundle signed by a key it trusts" in proc.stdout
+    assert not (out / "bundle").exists()
+    proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_signing_key=%s" % (tmp_path / "nokey"), sign=False)
+    assert proc.returncode != 0 and "No signing key at %s" % (tmp_path / "nokey") in proc.stdout
+    proc, out = run_bundle(tmp_path, mirror, "-e", '{"hpcobs_bundle_unsigned": true}', sign=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert not (out / "bundle" / "SHA256SUMS.sig").exists()
+    assert "UNSIGNED: the air-gapped side will refuse this bundle" in proc.stdout
+
+
+# --- pins ---------------------------------------------------------------------------------------------------------
+
+def pinned_catalog(mirror, path, pins):
+    """The mirror's catalog with checksum.sha256 pins {component: {arch: sha256}} (the checksum list stays)."""
+    mirror.catalog(path)
+    with open(path, encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    for comp, by_arch in pins.items():
+        data["components"][comp]["checksum"]["sha256"] = by_arch
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(data, handle)
+    return path
+
+
+def real_pins(mirror, comp, version="1.0"):
+    return {a: sha256(mirror.files["example.org/%s/v%s/%s-%s.linux-%s.tar.gz" % (comp, version, comp, version, a)])
+            for a in ("amd64", "arm64")}
+
+
+def test_pins_are_the_trust_root_and_the_upstream_list_a_cross_check():
+    plan = [{"component": "a", "arch": "amd64", "filename": "a.tgz", "checksum_url": "https://m/a.sums",
+             "sha256": "1" * 64, "pinned": True, "path": "artifacts/a/1/a.tgz"}]
+    agree = [{"item": "https://m/a.sums", "status": 200, "content": "%s  a.tgz\n" % ("1" * 64)}]
+    assert bundle.bundle_expectations(plan, agree)["download"][0]["sha256"] == "1" * 64
+    disagree = [{"item": "https://m/a.sums", "status": 200, "content": "%s  a.tgz\n" % ("2" * 64)}]
+    outcome = bundle.bundle_expectations(plan, disagree)
+    assert outcome["download"] == [] and "files/artifacts.yml pins 1111" in outcome["conflicts"][0]["message"]
+    unavailable = [{"item": "https://m/a.sums", "status": 404, "failed": True, "msg": "HTTP Error 404"}]
+    outcome = bundle.bundle_expectations(plan, unavailable)
+    assert outcome["download"] == plan and outcome["unchecked"] == ["a/amd64 (checksum file unavailable: HTTP Error 404)"]
+
+
+def test_catalog_urls_must_be_https_and_pins_must_match_the_version(catalog):
+    bad = {"components": {"x": {"version": "1", "url": "http://h/x-{arch}.tgz", "binaries": {"x": "x"},
+                                "checksum": {"url": "https://h/s"}}}}
+    with pytest.raises(bundle.AnsibleFilterError, match="http://h/x-amd64.tgz is not an https URL"):
+        bundle.bundle_plan(bad)
+    with pytest.raises(bundle.AnsibleFilterError, match="hpcobs_bundle_base_url http://m is not https"):
+        bundle.bundle_plan(catalog, ["amd64"], ["alertmanager"], "http://m")
+    with pytest.raises(bundle.AnsibleFilterError, match="pins for alertmanager are for version 0.1, files/artifacts"):
+        bundle.apply_pins(catalog, {"alertmanager": {"version": "0.1", "sha256": {"amd64": "a" * 64}}})
+    with pytest.raises(bundle.AnsibleFilterError, match="has no pinned sha256"):
+        bundle.bundle_plan(catalog, ["amd64"], ["alertmanager"], require_pins=True)
+    pinned = bundle.apply_pins(catalog, {"alertmanager": {"version": "0.33.1", "sha256": {"amd64": "a" * 64}}})
+    item = bundle.bundle_plan(pinned, ["amd64"], ["alertmanager"], require_pins=True)[0]
+    assert item["sha256"] == "a" * 64 and item["checksum_url"].endswith("/v0.33.1/sha256sums.txt")
+    with pytest.raises(bundle.AnsibleFilterError, match="bad version '../x'"):
+        bundle.bundle_plan({"components": {"x": dict(bad["components"]["x"], version="../x")}})
+
+
+def test_a_version_bump_with_a_stale_pin_stops_the_build(tmp_path, mirror):
+    """beta moves to 1.1 in the catalog, but its pins are still 1.0's: the download does not match, nothing added."""
+    for arch in ("amd64", "arm64"):
+        name = "beta-1.1.linux-%s.tar.gz" % arch
+        mirror.put("example.org/beta/v1.1/%s" % name, make_tarball({"beta-1.1.linux-%s/beta" % arch: b"beta 1.1"}))
+    sums = "".join("%s  beta-1.1.linux-%s.tar.gz\n" % (sha256(mirror.files["example.org/beta/v1.1/beta-1.1.linux-%s"
+                                                                          ".tar.gz" % a]), a) for a in ("amd64", "arm64"))
+    mirror.put("example.org/beta/v1.1/sha256sums.txt", sums.encode())
+    path = pinned_catalog(mirror, str(tmp_path / "pinned.yml"), {"beta": real_pins(mirror, "beta")})
+    data = yaml.safe_load(open(path))
+    data["components"]["beta"]["version"] = "1.1"
+    yaml.safe_dump(data, open(path, "w"))
+    proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_catalog=%s" % path)
+    assert proc.returncode != 0
+    assert "Pinned sha256 and upstream checksum file disagree" in proc.stdout
+    assert "beta/amd64 beta-1.1.linux-amd64.tar.gz: files/artifacts.yml pins %s" % real_pins(mirror, "beta")["amd64"] \
+        in proc.stdout
+    assert not (out / "bundle" / "manifest.json").exists()
+
+
+def test_a_pin_is_enforced_even_when_the_upstream_list_is_gone_or_rewritten(tmp_path, mirror):
+    pins = {"alpha": real_pins(mirror, "alpha"), "beta": real_pins(mirror, "beta")}
+    path = pinned_catalog(mirror, str(tmp_path / "pinned.yml"), pins)
+    original = mirror.files["example.org/alpha/v1.0/alpha-1.0.linux-amd64.tar.gz"]
+    # an attacker on the mirror replaces alpha's amd64 archive and rewrites the checksum list to match
+    evil = make_tarball({"alpha-1.0.linux-amd64/alpha": b"evil"})
+    mirror.put("example.org/alpha/v1.0/alpha-1.0.linux-amd64.tar.gz", evil)
+    mirror.put("example.org/alpha/v1.0/sha256sums.txt", ("%s  alpha-1.0.linux-amd64.tar.gz\n" % sha256(evil)).encode())
+    proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_catalog=%s" % path,
+                           "-e", '{"hpcobs_bundle_require_pins": true}')
+    assert proc.returncode != 0
+    assert "files/artifacts.yml pins %s" % pins["alpha"]["amd64"] in proc.stdout
+    # without the list at all, the pin alone still decides: beta is built, alpha arm64 too (its list is gone)
+    os.remove(os.path.join(mirror.root, "example.org/alpha/v1.0/sha256sums.txt"))
+    mirror.put("example.org/alpha/v1.0/alpha-1.0.linux-amd64.tar.gz", original)
+    proc, out = run_bundle(tmp_path, mirror, "-e", "hpcobs_bundle_catalog=%s" % path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "Pinned but not cross-checked (upstream checksum file unavailable): alpha/amd64" in proc.stdout
+    assert "UNPINNED (checked against the upstream checksum file only): nothing" in proc.stdout
+
+
+def test_a_plain_http_mirror_is_refused_unless_allowed(tmp_path, mirror):
+    proc, out = run_bundle(tmp_path, mirror, "-e", '{"hpcobs_bundle_allow_http": false}')
+    assert proc.returncode != 0
+    assert "hpcobs_bundle_base_url %s is not https" % mirror.url in proc.stdout
     assert not (out / "bundle").exists()

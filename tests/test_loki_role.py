@@ -133,13 +133,20 @@ def make_bundle(directory: Path, component: str = "loki") -> None:
     """A bundle holding one amd64 archive of component, enough for roles/artifact's verify step."""
     directory.mkdir()
     inner = "%s-linux-amd64" % component
-    archive = directory / (inner + ".zip")
+    archive = directory / "artifacts" / component / "0" / (inner + ".zip")
+    archive.parent.mkdir(parents=True)
     with zipfile.ZipFile(archive, "w") as handle:
         handle.writestr(inner, "#!/bin/sh\n")
     manifest = {"format": 1, "created": "test", "components": {component: {"version": "0", "files": {"amd64": {
-        "path": archive.name, "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(), "archive_root": "",
-        "binaries": {component: inner}, "install_tree": False}}}}}
+        "path": str(archive.relative_to(directory)), "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
+        "archive_root": "", "binaries": {component: inner}, "install_tree": False}}}}}
     (directory / "manifest.json").write_text(json.dumps(manifest))
+    # signed by a key made here; run_playbook trusts it (<out>/signing/allowed_signers)
+    tool = str(REPO / "scripts" / "bundle-tool.py")
+    key = directory.parent / "signing" / "key"
+    line = subprocess.run([sys.executable, tool, "keygen", str(key)], check=True, capture_output=True, text=True)
+    (key.parent / "allowed_signers").write_text(line.stdout)
+    subprocess.run([sys.executable, tool, "seal", str(directory), "--key", str(key)], check=True, capture_output=True)
 
 
 def run_playbook(out: Path, play: str, inventory: dict) -> dict:
@@ -149,7 +156,8 @@ def run_playbook(out: Path, play: str, inventory: dict) -> dict:
     (out / "library").mkdir()
     (out / "library" / "hpcobs_test_facts.py").write_text(FACTS_MODULE)
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_LIBRARY=str(out / "library"), ANSIBLE_NOCOLOR="1")
+               ANSIBLE_LIBRARY=str(out / "library"), ANSIBLE_NOCOLOR="1",
+               HPCOBS_BUNDLE_ALLOWED_SIGNERS=str(out / "signing" / "allowed_signers"))
     run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(out / "hosts.yml"),
                           str(out / "play.yml")], capture_output=True, text=True, env=env, cwd=REPO)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

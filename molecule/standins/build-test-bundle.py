@@ -14,13 +14,17 @@ Stand-in layout, molecule/standins/<component>/:
     <installed name>   one file per binary of files/artifacts.yml (e.g. loki), packed at its path in the archive
     tree/              optional: the rest of the archive root (install_tree components such as Grafana)
 
-    build-test-bundle.py --from .cache/bundle-local/bundle --to .cache/bundle-test/bundle
+    build-test-bundle.py --from .cache/bundle-local/bundle --to .cache/bundle-test/bundle [--key KEY]
+
+The rewritten SHA256SUMS is signed with the local throw-away key (.cache/signing/bundle-key, made by
+scripts/bundle.sh local), so the tests run with signature verification on.
 """
 import argparse
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,15 +71,16 @@ def link_tree(src, dst):
         rel = os.path.relpath(base, src)
         os.makedirs(os.path.join(dst, rel), exist_ok=True)
         for name in files:
-            if rel == "." and name in ("manifest.json", "SHA256SUMS"):
+            if rel == "." and name in ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig"):
                 continue
             os.link(os.path.join(base, name), os.path.join(dst, rel, name))
 
 
-def inputs_key(src):
+def inputs_key(src, key):
     """What the test bundle depends on: the source manifest, the catalog, this script and every stand-in file."""
     digest = hashlib.sha256()
-    paths = [os.path.join(src, "manifest.json"), os.path.join(ROOT, "files", "artifacts.yml"), os.path.abspath(__file__)]
+    paths = [os.path.join(src, "manifest.json"), os.path.join(ROOT, "files", "artifacts.yml"), os.path.abspath(__file__),
+             key + ".pub"]
     for base, dirs, files in os.walk(HERE):
         dirs.sort()
         paths += [os.path.join(base, name) for name in sorted(files) if not name.endswith(".pyc")]
@@ -90,9 +95,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="src", required=True)
     parser.add_argument("--to", dest="dst", required=True)
+    parser.add_argument("--key", default=os.path.join(ROOT, ".cache", "signing", "bundle-key"),
+                        help="signing key of the test bundle")
     args = parser.parse_args()
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
-    key = inputs_key(src)
+    key = inputs_key(src, args.key)
     stamp = os.path.join(os.path.dirname(dst), ".hpcobs-test-bundle-key")
     if os.path.exists(os.path.join(dst, "manifest.json")) and os.path.exists(stamp):
         with open(stamp, encoding="utf-8") as handle:
@@ -145,6 +152,8 @@ def main():
     lines.append(("manifest.json", hashlib.sha256(data).hexdigest()))
     with open(os.path.join(tmp, "SHA256SUMS"), "w", encoding="utf-8") as handle:
         handle.writelines("%s  %s\n" % (digest, path) for path, digest in sorted(lines))
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bundle-tool.py"), "sign", tmp, "--key", args.key],
+                   check=True, stdout=subprocess.DEVNULL)
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.rename(tmp, dst)

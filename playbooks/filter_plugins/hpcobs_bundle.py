@@ -18,6 +18,8 @@ MANIFEST_FORMAT = 1
 SUPPORTED_ARCHS = ("amd64", "arm64")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMPONENT = re.compile(r"^[a-z0-9_]+$")
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+~-]{0,63}$")
+_BINARY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
 def _expand(template, component, **values):
@@ -47,29 +49,75 @@ def rewrite_url(url, base_url):
 
 
 def _checksum_source(name, spec, version, arch, base_url):
+    """(upstream checksum list URL or None, pinned sha256 or None) of one archive.
+
+    A pin (checksum.sha256 per arch) is the trust root; the upstream checksum list, when given too, is a cross-check
+    that must agree with it. Without a pin the upstream list alone is used (and the bundle is reported unpinned).
+    """
     checksum = spec.get("checksum") or {}
-    if not isinstance(checksum, dict) or not checksum:
+    if not isinstance(checksum, dict) or not checksum or not ({"sha256", "url"} & set(checksum)):
         raise AnsibleFilterError(
             "files/artifacts.yml: component %s has no checksum source (checksum.url or checksum.sha256)" % name)
+    pinned = None
     if "sha256" in checksum:
-        pinned = checksum["sha256"]
-        value = pinned.get(arch) if isinstance(pinned, dict) else pinned
+        pins = checksum["sha256"]
+        value = pins.get(arch) if isinstance(pins, dict) else pins
         value = str(value or "").lower()
         if not _SHA256.match(value):
             raise AnsibleFilterError(
                 "files/artifacts.yml: component %s arch %s: checksum.sha256 is not a sha256 (%r)" % (name, arch, value))
-        return None, value
+        pinned = value
+    checksum_url = None
     if "url" in checksum:
-        url = _expand(checksum["url"], name, version=version, arch=arch)
-        return rewrite_url(url, base_url), None
-    raise AnsibleFilterError(
-        "files/artifacts.yml: component %s: checksum needs url or sha256, got %s" % (name, sorted(checksum)))
+        checksum_url = _https(_expand(checksum["url"], name, version=version, arch=arch), name)
+        checksum_url = rewrite_url(checksum_url, base_url)
+    return checksum_url, pinned
 
 
-def bundle_plan(catalog, archs=None, components=None, base_url=""):
-    """Expand the catalog (files/artifacts.yml) into one download item per component and architecture."""
+def _https(url, name):
+    if urlsplit(str(url)).scheme != "https":
+        raise AnsibleFilterError("files/artifacts.yml: component %s: %s is not an https URL (upstream URLs must be "
+                                 "https; a plain-http site mirror goes in hpcobs_bundle_base_url with "
+                                 "hpcobs_bundle_allow_http)" % (name, url))
+    return url
+
+
+def apply_pins(catalog, pins):
+    """The catalog with checksum.sha256 pins taken from pins: {component: {version, sha256: {arch: sha256}}}.
+
+    Used for a catalog of another origin (the local mirror records the pins of what it repacked). Pins for another
+    version than the catalog's are refused.
+    """
+    if not pins:
+        return catalog
+    if not isinstance(pins, dict):
+        raise AnsibleFilterError("pins must be a mapping of component: {version, sha256: {arch: sha256}}")
+    merged = dict(catalog, components=dict(catalog.get("components") or {}))
+    for name, pin in sorted(pins.items()):
+        spec = merged["components"].get(name)
+        if spec is None:
+            raise AnsibleFilterError("pins name component %s, which files/artifacts.yml does not list" % name)
+        if str(pin.get("version")) != str(spec.get("version")):
+            raise AnsibleFilterError("pins for %s are for version %s, files/artifacts.yml says %s"
+                                     % (name, pin.get("version"), spec.get("version")))
+        checksum = dict(spec.get("checksum") or {})
+        checksum["sha256"] = dict(pin.get("sha256") or {})
+        merged["components"][name] = dict(spec, checksum=checksum)
+    return merged
+
+
+def bundle_plan(catalog, archs=None, components=None, base_url="", allow_http=False, require_pins=False):
+    """Expand the catalog (files/artifacts.yml) into one download item per component and architecture.
+
+    Upstream URLs must be https; base_url (a site mirror) too unless allow_http. With require_pins every archive
+    must have a pinned sha256.
+    """
     if not isinstance(catalog, dict) or not isinstance(catalog.get("components"), dict):
         raise AnsibleFilterError("files/artifacts.yml: expected a mapping with a 'components' mapping")
+    if base_url and urlsplit(str(base_url)).scheme != "https" and not allow_http:
+        raise AnsibleFilterError("hpcobs_bundle_base_url %s is not https: a plain-http mirror can be altered on the "
+                                 "way; set -e '{\"hpcobs_bundle_allow_http\": true}' only for a mirror on this machine "
+                                 "or one you otherwise trust" % base_url)
     known = catalog["components"]
     archs = list(archs or catalog.get("archs") or SUPPORTED_ARCHS)
     unknown_archs = sorted(set(archs) - set(SUPPORTED_ARCHS))
@@ -94,15 +142,24 @@ def bundle_plan(catalog, archs=None, components=None, base_url=""):
             if not spec.get(key):
                 raise AnsibleFilterError("files/artifacts.yml: component %s has no %s" % (name, key))
         version = str(spec["version"])
+        if not _VERSION.match(version) or ".." in version:
+            raise AnsibleFilterError("files/artifacts.yml: component %s: bad version %r" % (name, version))
+        for dest in spec["binaries"]:
+            if not _BINARY.match(str(dest)):
+                raise AnsibleFilterError("files/artifacts.yml: component %s: binary name %r is not a file name"
+                                         % (name, dest))
         published = spec.get("archs") or catalog.get("archs") or SUPPORTED_ARCHS
         for arch in archs:
             if arch not in published:
                 continue
-            url = _expand(spec["url"], name, version=version, arch=arch)
+            url = _https(_expand(spec["url"], name, version=version, arch=arch), name)
             filename = urlsplit(url).path.rsplit("/", 1)[-1]
             if not filename:
                 raise AnsibleFilterError("files/artifacts.yml: component %s: URL %s names no file" % (name, url))
             checksum_url, sha256 = _checksum_source(name, spec, version, arch, base_url)
+            if require_pins and not sha256:
+                raise AnsibleFilterError("files/artifacts.yml: component %s arch %s has no pinned sha256 "
+                                         "(hpcobs_bundle_require_pins); scripts/update-pins.py adds it" % (name, arch))
             plan.append({
                 "component": name,
                 "version": version,
@@ -113,6 +170,7 @@ def bundle_plan(catalog, archs=None, components=None, base_url=""):
                 "path": "artifacts/%s/%s/%s" % (name, version, filename),
                 "checksum_url": checksum_url,
                 "sha256": sha256,
+                "pinned": bool(sha256),
                 "archive_root": _expand(spec.get("archive_root", ""), name, version=version, arch=arch),
                 "binaries": {
                     str(dest): _expand(src, name, version=version, arch=arch)
@@ -140,32 +198,48 @@ def sha256_from_list(text, filename, source="checksum file"):
 
 
 def bundle_expectations(plan, checksum_results):
-    """Attach the upstream sha256 to each plan item.
+    """Attach the sha256 to trust to each plan item.
 
     checksum_results are the registered results of fetching every checksum_url (ansible.builtin.uri with
-    return_content, looped over the URLs). Returns {"download": [items with sha256], "missing": [...]}: an item whose
-    checksum file could not be fetched, or does not list it, cannot be verified and is never downloaded.
+    return_content, looped over the URLs). Returns {"download", "missing", "conflicts", "unpinned", "unchecked"}:
+      - a pinned item is downloaded against its pin; its upstream list, when fetched, must agree (else a conflict,
+        which stops the build); when the list cannot be fetched the item is listed in "unchecked";
+      - an unpinned item takes the upstream list's sha256 (listed in "unpinned"); when the list cannot be fetched or
+        does not name it, it cannot be verified and is never downloaded ("missing").
     """
     fetched = {r.get("item"): r for r in checksum_results or []}
-    download, missing = [], []
+    download, missing, conflicts, unpinned, unchecked = [], [], [], [], []
     for item in plan:
+        result = fetched.get(item["checksum_url"]) if item.get("checksum_url") else None
+        listed, reason = None, "no upstream checksum file in files/artifacts.yml"
+        if item.get("checksum_url"):
+            if result is None or result.get("failed") or result.get("status") != 200:
+                reason = "checksum file unavailable: %s" % ((result or {}).get("msg") or "not fetched")
+            else:
+                try:
+                    listed = sha256_from_list(result.get("content", ""), item["filename"], source=item["checksum_url"])
+                except AnsibleFilterError as exc:
+                    reason = str(exc)
+        label = "%s/%s" % (item["component"], item["arch"])
         if item.get("sha256"):
+            if listed and listed != item["sha256"]:
+                conflicts.append({"component": item["component"], "arch": item["arch"], "pinned": item["sha256"],
+                                  "upstream": listed, "message": "%s %s: files/artifacts.yml pins %s, the upstream "
+                                  "checksum file %s says %s" % (label, item["filename"], item["sha256"],
+                                                                 item["checksum_url"], listed)})
+                continue
+            if not listed and item.get("checksum_url"):
+                unchecked.append("%s (%s)" % (label, reason))
             download.append(item)
             continue
-        result = fetched.get(item["checksum_url"])
-        if result is None or result.get("failed") or result.get("status") != 200:
-            reason = (result or {}).get("msg") or "not fetched"
+        if not listed:
             missing.append({"component": item["component"], "arch": item["arch"], "url": item["checksum_url"],
-                            "reason": "checksum file unavailable: %s" % reason})
+                            "reason": reason})
             continue
-        try:
-            digest = sha256_from_list(result.get("content", ""), item["filename"], source=item["checksum_url"])
-        except AnsibleFilterError as exc:
-            missing.append({"component": item["component"], "arch": item["arch"], "url": item["checksum_url"],
-                            "reason": str(exc)})
-            continue
-        download.append(dict(item, sha256=digest))
-    return {"download": download, "missing": missing}
+        unpinned.append(label)
+        download.append(dict(item, sha256=listed))
+    return {"download": download, "missing": missing, "conflicts": conflicts, "unpinned": unpinned,
+            "unchecked": unchecked}
 
 
 _MISMATCH = re.compile(r"did not match (?:sha256:)?([0-9a-fA-F]{64}); it was ([0-9a-fA-F]{64})")
@@ -185,8 +259,10 @@ def bundle_downloads(download_results):
             mismatches.append({
                 "component": item["component"], "arch": item["arch"], "file": item["path"], "url": item["url"],
                 "expected": found.group(1).lower(), "actual": found.group(2).lower(),
-                "message": "%s (from %s): sha256 is %s, the upstream checksum says %s"
-                           % (item["path"], item["url"], found.group(2).lower(), found.group(1).lower()),
+                "message": "%s (from %s): sha256 is %s, %s says %s"
+                           % (item["path"], item["url"], found.group(2).lower(),
+                              "the pin of files/artifacts.yml" if item.get("pinned") else "the upstream checksum",
+                              found.group(1).lower()),
             })
         else:
             missing.append({"component": item["component"], "arch": item["arch"], "url": item["url"],
@@ -311,6 +387,7 @@ class FilterModule:
     def filters(self):
         return {
             "hpcobs_bundle_plan": bundle_plan,
+            "hpcobs_bundle_apply_pins": apply_pins,
             "hpcobs_rewrite_url": rewrite_url,
             "hpcobs_sha256_from_list": sha256_from_list,
             "hpcobs_bundle_expectations": bundle_expectations,

@@ -167,6 +167,7 @@ def build_mirror(out, state_dir):
     debs = os.path.join(state_dir, "debs")
     os.makedirs(debs, exist_ok=True)
     checksum_lists = {}
+    pins = {}
     built, lacking = [], []
     for name, spec in sorted(catalog["components"].items()):
         source = sources["components"].get(name)
@@ -200,8 +201,9 @@ def build_mirror(out, state_dir):
             archive = local_path(out, url)
             pack(archive, members)
             checksum_url = spec["checksum"]["url"].format(**fmt)
-            checksum_lists.setdefault(local_path(out, checksum_url), {})[os.path.basename(archive)] = \
-                sha256_file(archive)
+            digest = sha256_file(archive)
+            checksum_lists.setdefault(local_path(out, checksum_url), {})[os.path.basename(archive)] = digest
+            pins.setdefault(name, {"version": version, "sha256": {}})["sha256"][arch] = digest
             built.append("%s/%s" % (name, arch))
     for path, entries in checksum_lists.items():
         lines = ["%s  %s\n" % (digest, name) for name, digest in sorted(entries.items())]
@@ -210,6 +212,13 @@ def build_mirror(out, state_dir):
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             handle.writelines(lines)
         os.replace(path + ".tmp", path)
+    # The pins of these archives (they are repacks, so upstream's pins cannot apply): scripts/bundle.sh local lays
+    # them over files/artifacts.yml, so the local bundle goes through the pinned path with the checksum files above
+    # as its cross-check.
+    with open(os.path.join(out, "pins.yml.tmp"), "w", encoding="utf-8") as handle:
+        handle.write("# sha256 pins of the local mirror's repacked archives (written by scripts/local-mirror/build.py)\n")
+        yaml.safe_dump(pins, handle, sort_keys=True)
+    os.replace(os.path.join(out, "pins.yml.tmp"), os.path.join(out, "pins.yml"))
     log("built %d archives (%s)" % (len(built), ", ".join(built)))
     if lacking:
         log("no Debian source for: %s (a bundle built from this mirror lacks them)" % ", ".join(lacking))

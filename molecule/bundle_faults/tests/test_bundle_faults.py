@@ -7,10 +7,12 @@ leaves the running service and its binary as they were.
 """
 import glob
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 
 import pytest
@@ -36,18 +38,53 @@ def source_bundle():
 
 
 def copy_bundle(dest):
-    """A cheap copy of the test bundle: hard links, except manifest.json which is a real copy."""
+    """A cheap copy of the test bundle: hard links, except manifest.json, SHA256SUMS(.sig) which are real copies."""
     src = source_bundle()
     shutil.copytree(src, dest, copy_function=os.link)
-    os.remove(os.path.join(dest, "manifest.json"))
-    shutil.copy(os.path.join(src, "manifest.json"), os.path.join(dest, "manifest.json"))
+    for name in ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig"):
+        os.remove(os.path.join(dest, name))
+        shutil.copy(os.path.join(src, name), os.path.join(dest, name))
     with open(os.path.join(dest, "manifest.json"), encoding="utf-8") as handle:
         return json.load(handle)
 
 
-def write_manifest(bundle_dir, manifest):
+TOOL = os.path.join(ROOT, "scripts", "bundle-tool.py")
+# The test bundle is signed by this machine's throw-away key (scripts/bundle.sh local); the plays trust it through
+# HPCOBS_BUNDLE_ALLOWED_SIGNERS. A second key, made here, plays the intruder.
+TEST_KEY = os.path.join(ROOT, ".cache", "signing", "bundle-key")
+INTRUDER_DIR = tempfile.mkdtemp(prefix="hpcobs-bf-intruder-")
+INTRUDER_KEY = os.path.join(INTRUDER_DIR, "key")
+subprocess.run(["python3", TOOL, "keygen", INTRUDER_KEY, "--principal", "intruder@example"], check=True,
+               capture_output=True)
+
+
+def resign(bundle_dir, manifest, key=TEST_KEY):
+    """Write manifest.json, SHA256SUMS for it and sign with key (None: unsigned), as scripts/bundle-tool.py does."""
     with open(os.path.join(bundle_dir, "manifest.json"), "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=2)
+    if key is None:
+        # a hostile manifest cannot go through seal (it checks the manifest first): write SHA256SUMS here
+        data = open(os.path.join(bundle_dir, "manifest.json"), "rb").read()
+        entries = {"manifest.json": hashlib.sha256(data).hexdigest()}
+        for component in manifest["components"].values():
+            for item in component["files"].values():
+                entries[item["path"]] = item["sha256"]
+        for section in ("dashboards", "collections"):
+            for item in manifest.get(section, {}).values():
+                entries[item["path"]] = item["sha256"]
+        with open(os.path.join(bundle_dir, "SHA256SUMS"), "w", encoding="utf-8") as handle:
+            handle.writelines("%s  %s\n" % (digest, path) for path, digest in sorted(entries.items()))
+        os.remove(os.path.join(bundle_dir, "SHA256SUMS.sig"))
+        return
+    proc = subprocess.run(["python3", TOOL, "seal", bundle_dir, "--key", key], capture_output=True, text=True)
+    if proc.returncode != 0:  # a hostile manifest: seal refuses it, so sign by hand what an intruder would write
+        resign(bundle_dir, manifest, key=None)
+        subprocess.run(["python3", TOOL, "sign", bundle_dir, "--key", key], check=True, capture_output=True)
+
+
+def write_manifest(bundle_dir, manifest):
+    """A manifest edited by whoever holds the trusted key (a partial or hostile bundle, signed)."""
+    resign(bundle_dir, manifest)
 
 
 def damage(bundle_dir, relpath):
@@ -70,7 +107,7 @@ def run_play(playbook="apply.yml", bundle_dir=None, extra=(), env=None):
     cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(SCENARIO, playbook),
            "-e", json.dumps({"artifact_cache_dir": CACHE_DIR})]
     for item in extra:
-        cmd += ["-e", item]
+        cmd += [item] if item.startswith("--") else ["-e", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environment, timeout=900)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -186,6 +223,94 @@ def test_bad_variables_are_refused(variable, message, untouched):
     assert message in out
 
 
+# --- supply chain: signature, hostile manifest, hostile archive ----------------------------------------------------
+
+def tamper_node_exporter(bundle_dir, manifest):
+    """Replace node_exporter's amd64 archive by another one and point the manifest at it (what an intruder does)."""
+    entry = manifest["components"]["node_exporter"]["files"]["amd64"]
+    entry["sha256"] = damage(bundle_dir, entry["path"])
+    return entry
+
+
+def test_tampered_and_resigned_with_another_key_is_refused(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    tamper_node_exporter(bundle_dir, manifest)
+    resign(bundle_dir, manifest, key=INTRUDER_KEY)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "SHA256SUMS.sig was not made by any key of %s" % os.environ["HPCOBS_BUNDLE_ALLOWED_SIGNERS"] in out
+    assert "Nothing was changed on any host" in out
+
+
+def test_tampered_under_the_old_signature_is_refused(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    tamper_node_exporter(bundle_dir, manifest)
+    sig = open(os.path.join(bundle_dir, "SHA256SUMS.sig"), "rb").read()
+    resign(bundle_dir, manifest, key=None)
+    with open(os.path.join(bundle_dir, "SHA256SUMS.sig"), "wb") as handle:
+        handle.write(sig)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "does not verify SHA256SUMS for hpcobs-local-test" in out
+
+
+def test_unsigned_bundle_is_refused_and_the_override_is_loud(tmp_path, untouched):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    resign(bundle_dir, manifest, key=None)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "SHA256SUMS.sig is missing: the bundle is not signed" in out
+    # the override, as -e key=value (a string) like an operator types it; --check so that nothing is installed
+    rc, out = run_play(bundle_dir=bundle_dir, extra=["hpcobs_bundle_allow_unsigned=true", "--check"])
+    assert rc == 0, out[-3000:]
+    assert "UNVERIFIED BUNDLE ACCEPTED BY OVERRIDE: SHA256SUMS.sig is missing" in out
+    assert "!" * 100 in out
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda f, c: f.update(binaries={"node_exporter": "../../../../../../root/.ssh/id_ed25519"}),
+     "binary 'node_exporter' source is not a plain relative path"),
+    (lambda f, c: f.update(binaries={"../escaped-bin": "node_exporter"}),
+     "binary name '../escaped-bin' is not a plain file name"),
+    (lambda f, c: c.update(version="../victim-dir"), "bad version '../victim-dir'"),
+])
+def test_hostile_manifest_signed_by_the_trusted_key_is_refused(tmp_path, untouched, edit, message):
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    component = manifest["components"]["node_exporter"]
+    for item in component["files"].values():
+        edit(item, component)
+    write_manifest(bundle_dir, manifest)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "manifest.json is not acceptable" in out and message in out
+
+
+def test_hostile_archive_signed_by_the_trusted_key_is_refused(tmp_path, untouched):
+    """node_exporter's archive holds a symlink to a controller secret where the binary should be."""
+    bundle_dir = str(tmp_path / "bundle")
+    manifest = copy_bundle(bundle_dir)
+    for arch, entry in manifest["components"]["node_exporter"]["files"].items():
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            info = tarfile.TarInfo("%s/node_exporter" % entry["archive_root"])
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/shadow"
+            tar.addfile(info)
+        path = os.path.join(bundle_dir, entry["path"])
+        os.remove(path)
+        with open(path, "wb") as handle:
+            handle.write(raw.getvalue())
+        entry["sha256"] = hashlib.sha256(raw.getvalue()).hexdigest()
+    write_manifest(bundle_dir, manifest)
+    rc, out = run_play(bundle_dir=bundle_dir)
+    assert rc != 0
+    assert "member %s/node_exporter is a symbolic link; only regular files and directories are accepted" \
+        % manifest["components"]["node_exporter"]["files"]["amd64"]["archive_root"] in out
+
+
 def test_install_then_a_damaged_bundle_leaves_the_running_service_alone(tmp_path):
     rc, out = run_play(bundle_dir=source_bundle())
     assert rc == 0, out[-3000:]
@@ -210,3 +335,4 @@ def test_stale_unpacked_cache_is_not_trusted_blindly(tmp_path):
     assert caches, "the install above should have unpacked at least one archive"
     for marker in caches:
         assert os.path.basename(os.path.dirname(marker)) in digests
+

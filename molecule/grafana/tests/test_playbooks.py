@@ -36,7 +36,7 @@ def test_check_run_changes_nothing_and_notices_the_missing_community_dashboards(
 def damaged_bundle(tmp_path_factory):
     source = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "bundle")
     target = tmp_path_factory.mktemp("damaged") / "bundle"
-    shutil.copytree(source, target, symlinks=True)
+    shutil.copytree(source, target, copy_function=os.link)  # hard links; the damaged file is replaced, not edited
     with open(os.path.join(source, "manifest.json"), encoding="utf-8") as handle:
         path = json.load(handle)["dashboards"]["hpcobs-test-synthetic"]["path"]
     damaged = target / path

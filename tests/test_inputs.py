@@ -1,0 +1,97 @@
+"""Settings typed as the roles declare them, and preflight checks that run whatever tags are asked.
+
+The filters (playbooks/filter_plugins/hpcobs_inputs.py) are tested directly; then playbooks/site.yml is listed with a
+phase tag, and playbooks/preflight.yml is run for real on localhost with typed and untyped -e values.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("hpcobs_inputs", os.path.join(ROOT, "playbooks", "filter_plugins",
+                                                                             "hpcobs_inputs.py"))
+inputs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(inputs)
+PLAYBOOK_BIN = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+
+
+@pytest.fixture(scope="module")
+def types():
+    return inputs.roles_argument_types(os.path.join(ROOT, "roles"))
+
+
+def test_types_come_from_every_role(types):
+    assert types["node_exporter_ready_timeout"] == ("int", "node_exporter")
+    assert types["artifact_bundle_allow_unsigned"] == ("bool", "artifact")
+    assert types["node_exporter_collectors_enabled"][0] == "list"
+    assert "node_exporter_listen_address" not in types  # strings are not checked here
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("node_exporter_ready_timeout", "30", "node_exporter_ready_timeout is the string \"30\", but roles/node_exporter "
+     "declares it int; from the command line pass it typed, as JSON: -e '{\"node_exporter_ready_timeout\": 30}'"),
+    ("artifact_bundle_allow_unsigned", "no", "-e '{\"artifact_bundle_allow_unsigned\": false}'"),
+    ("node_exporter_collectors_enabled", '["systemd"]', "-e '{\"node_exporter_collectors_enabled\": [\"systemd\"]}'"),
+    ("node_exporter_ready_timeout", True, "node_exporter_ready_timeout is a bool: true, but roles/node_exporter "
+     "declares it int"),
+])
+def test_mistyped_values_are_named_with_their_typed_form(types, name, value, message):
+    problems = inputs.mistyped({name: value}, types)
+    assert len(problems) == 1 and message in problems[0]
+
+
+def test_a_string_with_no_typed_reading_gets_no_wrong_hint(types):
+    problems = inputs.mistyped({"node_exporter_ready_timeout": "soon"}, types)
+    assert problems == ['node_exporter_ready_timeout is the string "soon", but roles/node_exporter declares it int']
+
+
+def test_well_typed_and_absent_values_pass(types):
+    assert inputs.mistyped({"node_exporter_ready_timeout": 30, "artifact_bundle_allow_unsigned": False,
+                            "node_exporter_collectors_enabled": [], "grafana_http_port": None,
+                            "not_a_role_variable": "x"}, types) == []
+
+
+def run(args, **env):
+    environment = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                       ANSIBLE_FORCE_COLOR="0", **env)
+    return subprocess.run([PLAYBOOK_BIN] + args, cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_phase_tag_still_runs_every_preflight_check():
+    proc = run(["-i", "inventories/example", "playbooks/site.yml", "--list-tasks", "--tags", "alertmanager:configure"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    listing = proc.stdout
+    for task in ("Check the settings have the types the roles declare", "Keep the management host off the GPU nodes",
+                 "Verify each component in the bundle", "alertmanager : Check the service settings",
+                 "node_exporter : Check the settings", "alertmanager : Write alertmanager.yml"):
+        assert task in listing, task
+    assert "alertmanager : Create the alertmanager user" not in listing
+
+
+@pytest.fixture
+def local_inventory(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+                         "      ansible_python_interpreter: %s\n" % sys.executable)
+    return str(inventory)
+
+
+def test_an_untyped_extra_var_is_refused_before_anything_else(local_inventory, tmp_path):
+    proc = run(["-i", local_inventory, "playbooks/preflight.yml", "-e", "node_exporter_ready_timeout=30",
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    assert proc.returncode != 0
+    assert "node_exporter_ready_timeout is the string \"30\"" in proc.stdout
+    assert "-e '{\"node_exporter_ready_timeout\": 30}'" in proc.stdout
+    assert "TypeError" not in proc.stdout and "not supported between" not in proc.stdout
+
+
+def test_the_typed_form_passes_the_type_check(local_inventory, tmp_path):
+    proc = run(["-i", local_inventory, "playbooks/preflight.yml", "-e", '{"node_exporter_ready_timeout": 30}',
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    # localhost is in no group: the inventory checks pass and no bundle is needed
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "Check the settings have the types the roles declare" in proc.stdout
