@@ -13,7 +13,8 @@ binary, e.g. from a bundle built on a connected machine) is never replaced.
 Stand-in layout, molecule/standins/<component>/:
     <installed name>   one file per binary of files/artifacts.yml (e.g. loki), packed at its path in the archive
     tree/              optional: the rest of the archive root (install_tree components such as Grafana)
-    MODULES            optional: Python files (paths relative to the repository) the stand-in imports; the binary
+    MODULES            optional: Python files (paths relative to the repository, "<path> as <module>.py" to name
+                       one) the stand-in imports; the binary
                        is then packed as a zip application (shebang + zip: __main__.py and those modules), so one
                        file still installs as the binary and code shared with a role is not copied
 
@@ -73,10 +74,10 @@ def zipapp(main, modules_list):
     members = [("__main__.py", main)]
     with open(modules_list, encoding="utf-8") as handle:
         for line in handle:
-            rel = line.split("#")[0].strip()
+            rel, _, name = line.split("#")[0].strip().partition(" as ")
             if rel:
-                with open(os.path.join(ROOT, rel), "rb") as module:
-                    members.append((os.path.basename(rel), module.read()))
+                with open(os.path.join(ROOT, rel.strip()), "rb") as module:
+                    members.append((name.strip() or os.path.basename(rel.strip()), module.read()))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in members:
@@ -108,7 +109,7 @@ def inputs_key(src):
         paths += [os.path.join(base, name) for name in sorted(files) if not name.endswith(".pyc")]
         if "MODULES" in files:
             with open(os.path.join(base, "MODULES"), encoding="utf-8") as handle:
-                paths += [os.path.join(ROOT, line.split("#")[0].strip()) for line in handle
+                paths += [os.path.join(ROOT, line.split("#")[0].partition(" as ")[0].strip()) for line in handle
                           if line.split("#")[0].strip()]
     for path in paths:
         digest.update(path.encode())
