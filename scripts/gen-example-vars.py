@@ -17,12 +17,13 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "# ---- Reference: every setting of the roles on this group, with its default (scripts/gen-example-vars.py) ----"
 GROUPS = {
-    "gpu_nodes": ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "slurm_hooks"],
-    "slurm_controllers": ["node_exporter", "promtail", "slurm_hooks"],
-    "management": ["node_exporter", "victoriametrics", "alertmanager", "vmalert", "loki", "grafana", "promtail"],
+    "gpu_nodes": ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy",
+                  "slurm_hooks"],
+    "slurm_controllers": ["node_exporter", "promtail", "alloy", "slurm_hooks"],
+    "management": ["node_exporter", "victoriametrics", "alertmanager", "vmalert", "loki", "grafana", "promtail", "alloy"],
 }
 # Roles documented in full in one group only; elsewhere a pointer is enough.
-FULL_IN = {"node_exporter": "gpu_nodes", "promtail": "gpu_nodes", "slurm_hooks": "gpu_nodes"}
+FULL_IN = {"node_exporter": "gpu_nodes", "promtail": "gpu_nodes", "alloy": "gpu_nodes", "slurm_hooks": "gpu_nodes"}
 
 
 def defaults_text(role):

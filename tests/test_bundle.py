@@ -78,7 +78,7 @@ def test_unknown_arch_is_refused_with_the_supported_list(catalog):
 
 def test_unknown_component_is_refused_with_the_known_list(catalog):
     with pytest.raises(bundle.AnsibleFilterError, match=r"unknown component\(s\) nginx; files/artifacts.yml lists: "
-                                                          r"alertmanager, grafana"):
+                                                          r"alertmanager, alloy, grafana"):
         bundle.bundle_plan(catalog, None, ["node_exporter", "nginx"])
 
 

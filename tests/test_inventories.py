@@ -75,7 +75,7 @@ def test_example_group_vars_document_every_setting_of_every_role():
     assert check.returncode == 0, check.stderr
     text = "".join(open(p, encoding="utf-8").read()
                    for p in glob.glob(os.path.join(ROOT, "inventories", "example", "group_vars", "*.yml")))
-    roles = ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "slurm_hooks",
+    roles = ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy", "slurm_hooks",
              "victoriametrics", "alertmanager", "vmalert", "loki", "grafana"]
     undocumented = []
     for role in roles:

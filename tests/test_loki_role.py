@@ -23,10 +23,14 @@ from test_loki_standin import LOKI, load
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "loki"
 loki = load(LOKI, "hpcobs_loki_standin_role")
+logql = load(ROLE / "filter_plugins" / "hpcobs_logql.py", "hpcobs_logql_role")
+# the XID regexp of the shipped rules (RE2 syntax; Python's re reads it alike)
+XID_REGEXP = r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)]+)\):\s*(?P<xid>\d+)"
 
 FACTS = {"os_family": "Debian", "service_mgr": "systemd", "distribution": "Debian", "distribution_version": "12.8",
          "distribution_major_version": "12", "architecture": "x86_64"}
-GOOD_GROUPS = [{"name": "site", "rules": [{"alert": "SiteOomKiller", "expr": '{unit="kernel"} |= "Out of memory"',
+OOM_EXPR = 'sum by (node) (count_over_time({syslog_identifier="kernel"} |= "Out of memory" [5m])) > 0'
+GOOD_GROUPS = [{"name": "site", "rules": [{"alert": "SiteOomKiller", "expr": OOM_EXPR,
                                             "labels": {"severity": "warning", "audience": "ops"},
                                             "annotations": {"summary": "s", "description": "d", "runbook": "r"}}]}]
 # case name -> variables; "good*" cases must pass, every other one must fail with the given text in the message
@@ -53,7 +57,15 @@ PREFLIGHT_CASES = {
                                                                                         "description": "d"})]}]},
                         "g/SiteOomKiller: annotation runbook missing"),
     "promql_expr": ({"loki_rule_groups": [{"name": "g", "rules": [dict(GOOD_GROUPS[0]["rules"][0], expr="up == 0")]}]},
-                    "expr must be LogQL with a stream selector"),
+                    "g/SiteOomKiller: expr is not valid LogQL"),
+    # a log query loads in Loki but never fires ("rule result is not a vector or scalar")
+    "log_query_alert": ({"loki_rule_groups": [{"name": "g", "rules": [dict(GOOD_GROUPS[0]["rules"][0],
+                                                                           expr='{unit="kernel"} |= "Out of memory"')]}]},
+                        "g/SiteOomKiller: expr is a log query"),
+    # one expression Loki cannot parse makes its ruler load no group at all: refused, whatever else is there
+    "syntax_error_beside_good": ({"loki_rule_groups": GOOD_GROUPS + [{"name": "broken", "rules": [dict(
+        GOOD_GROUPS[0]["rules"][0], expr=OOM_EXPR.replace(" [5m]))", " [5m])"))]}]},
+        "broken/SiteOomKiller: expr is not valid LogQL (parse error at line 1, col"),
     "duplicate_group": ({"loki_rule_groups": GOOD_GROUPS + GOOD_GROUPS}, "group site: name used twice"),
     "gpu_node": ({"_case_host_in_gpu_nodes": True}, "is in the group gpu_nodes"),
     "gpu_node_allowed": ({"_case_host_in_gpu_nodes": True, "loki_allow_on_gpu_node": True}, None),
@@ -156,6 +168,7 @@ def run_playbook(out: Path, play: str, inventory: dict) -> dict:
     (out / "library").mkdir()
     (out / "library" / "hpcobs_test_facts.py").write_text(FACTS_MODULE)
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_FILTER_PLUGINS=str(ROLE / "filter_plugins"),
                ANSIBLE_LIBRARY=str(out / "library"), ANSIBLE_NOCOLOR="1",
                HPCOBS_BUNDLE_ALLOWED_SIGNERS=str(out / "signing" / "allowed_signers"))
     run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(out / "hosts.yml"),
@@ -232,6 +245,7 @@ def test_site_settings_and_overrides(rendered):
 def test_xid_rules_follow_the_contract(rendered):
     groups = yaml.safe_load((rendered[0] / "rules.yml").read_text())["groups"]
     assert loki.check_rule_file({"groups": groups})[1] == []
+    assert logql.rule_problems(groups) == []
     (group,) = groups
     critical, warning = group["rules"]
     assert critical["alert"] == "HpcobsGpuXidKernelLogCritical"
@@ -243,21 +257,38 @@ def test_xid_rules_follow_the_contract(rendered):
         # Loki's own templates survive Ansible's templating
         assert "{{ $labels.xid }}" in rule["annotations"]["summary"]
         assert rule["expr"].startswith('sum by (node, pci, xid) (count_over_time({syslog_identifier="kernel"} '
-                                       '|= "NVRM: Xid" | regexp `NVRM: Xid \\(PCI:(?P<pci>[^)]*)\\): (?P<xid>\\d+)`')
+                                       '|= "NVRM: Xid" | regexp `' + XID_REGEXP + '`')
         assert rule["expr"].endswith("[5m])) > 0")
         assert "\n" not in rule["expr"]
     assert '| xid =~ "48|63|64|74|79|94|95"' in critical["expr"]
     assert '| xid !~ "48|63|64|74|79|94|95"' in warning["expr"]
 
 
-def test_the_xid_regexp_extracts_code_and_pci():
+@pytest.mark.parametrize("line,pci,xid", [
+    ("kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", "0000:3b:00", "79"),
+    ("NVRM: Xid (PCI:0000:b1:00): 62, pid='<unknown>', name=<unknown>, 0000b9b6", "0000:b1:00", "62"),
+    # older drivers (and some distributions' builds) leave out the "PCI:" prefix
+    ("NVRM: Xid (0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", "0000:3b:00", "79"),
+    ("NVRM: Xid (PCI:0009:01:00):48, pid=77, name=python, Ch 00000008", "0009:01:00", "48"),
+])
+def test_the_xid_regexp_extracts_code_and_pci(line, pci, xid):
     # the LogQL regexp of the rules, in Python's dialect (named groups (?P<...>) are the same in RE2)
     import re
-    pattern = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[^)]*)\): (?P<xid>\d+)")
-    match = pattern.search("kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.")
-    assert match.group("pci") == "0000:3b:00" and match.group("xid") == "79"
-    match = pattern.search("NVRM: Xid (PCI:0000:b1:00): 62, pid='<unknown>', name=<unknown>, 0000b9b6")
-    assert match.group("xid") == "62"
+    match = re.search(XID_REGEXP, line)
+    assert match and match.group("pci") == pci and match.group("xid") == xid
+
+
+def test_the_rendered_xid_rules_carry_the_regexp(rendered):
+    for rule in yaml.safe_load((rendered[0] / "rules.yml").read_text())["groups"][0]["rules"]:
+        assert "| regexp `%s`" % XID_REGEXP in rule["expr"]
+
+
+def test_a_broken_site_rule_beside_the_xid_group_is_refused(rendered):
+    groups = yaml.safe_load((rendered[0] / "rules.yml").read_text())["groups"]
+    broken = {"name": "site", "rules": [dict(GOOD_GROUPS[0]["rules"][0], expr='sum(count_over_time({a="b"} [5m])')]}
+    (problem,) = logql.rule_problems(groups + [broken])
+    assert problem.startswith("site/SiteOomKiller: expr is not valid LogQL (parse error")
+    assert logql.rule_problems(groups + GOOD_GROUPS) == []
 
 
 @pytest.mark.parametrize("case", sorted(PREFLIGHT_CASES))

@@ -83,11 +83,22 @@ def test_both_standins_embed_the_same_yaml_reader():
     assert blocks[0].group(0) == blocks[1].group(0)
 
 
+def standin_modules(path: Path) -> list[Path]:
+    """The modules a stand-in imports besides the standard library (its MODULES file, packed with it)."""
+    listing = path.parent / "MODULES"
+    if not listing.exists():
+        return []
+    return [REPO / line.split("#")[0].partition(" as ")[0].strip() for line in listing.read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
 def test_standins_use_only_the_standard_library():
-    allowed = set(sys.stdlib_module_names)
-    for path in (LOKI, PROMTAIL):
-        imported = re.findall(r"^(?:import|from) ([a-zA-Z_][\w]*)", path.read_text(), re.M)
-        assert set(imported) <= allowed, (path, set(imported) - allowed)
+    for path in (LOKI, PROMTAIL, REPO / "molecule" / "standins" / "alloy" / "alloy"):
+        modules = standin_modules(path)
+        allowed = set(sys.stdlib_module_names) | {module.stem for module in modules} | {"promtail_standin"}
+        for source in [path] + modules:
+            imported = re.findall(r"^(?:import|from) ([a-zA-Z_][\w]*)", source.read_text(), re.M)
+            assert set(imported) <= allowed | {"ansible"}, (source, set(imported) - allowed)
         assert path.read_text().splitlines()[0] == "#!/usr/bin/env python3"
         assert os.access(path, os.X_OK)
         assert "STAND-IN" in path.read_text()[:300]
@@ -105,6 +116,8 @@ BASE_CONFIG = {
     "ruler": {"storage": {"type": "local", "local": {"directory": "/etc/loki/rules"}},
               "alertmanager_url": "http://a:9093,http://b:9093"},
 }
+# keys a test Loki needs besides BASE_CONFIG: free ports, a short readiness delay (default 15s), fast rule polling
+QUICK = {"min_ready_duration": "1s"}
 
 
 def mutate(path, value):
@@ -123,21 +136,52 @@ def test_verify_config_accepts_a_sound_config():
     assert loki.verify_config(BASE_CONFIG) == []
 
 
+# What the real Loki 3.7.6 rejects, with its wording (strict YAML decoding into its config structs).
 @pytest.mark.parametrize("path,value,message", [
-    (("unknown_section",), {}, "field unknown_section not found"),
+    (("unknown_section",), {}, "field unknown_section not found in type loki.Config"),
+    (("server", "foo"), 1, "field foo not found in type server.Config"),
+    (("limits_config", "ingestion_rate_mbs"), 16, "field ingestion_rate_mbs not found in type validation.plain"),
+    (("limits_config", "ingestion_rate_mb"), "abc", "cannot unmarshal !!str `abc` into float64"),
+    (("limits_config", "max_global_streams_per_user"), "many", "cannot unmarshal !!str `many` into int"),
+    (("ruler", "storage", "local", "directry"), "/x", "field directry not found in type ruler.Config.storage.local"),
+    (("ruler", "wal"), {"dri": "/x"}, "field dri not found in type ruler.Config.wal"),
+    (("schema_config", "configs", 0, "index", "perod"), "24h", "field perod not found in type config.PeriodConfig.index"),
+    (("schema_config", "configs", 0, "shema"), "v13", "field shema not found in type config.PeriodConfig"),
+    (("common", "ring"), {"kvstore": {"stor": "inmemory"}}, "field stor not found in type common.Config.ring.kvstore"),
+    (("compactor", "compaction_interval"), "often", 'time: invalid duration "often"'),
     (("compactor", "delete_request_store"), KeyError, "delete-request-store should be configured"),
-    (("limits_config", "retention_period"), "12h", "retention period must be >= 24h"),
-    (("limits_config", "retention_period"), "31 days", "invalid duration"),
+    (("limits_config", "retention_period"), "31 days", 'time: invalid duration "31 days"'),
     (("schema_config", "configs"), [], "at least one period config"),
     (("schema_config", "configs", 0, "schema"), "v99", "schema must be one of"),
-    (("server", "http_listen_port"), "3100", "must be a port number"),
-    (("ruler", "alertmanager_url"), "mgmt01:9093", "is not an http(s) URL"),
+    (("server", "http_listen_port"), "3100", "cannot unmarshal !!str `3100` into int"),
     (("ruler", "storage", "local"), {}, "ruler.storage.local.directory is required"),
-    (("auth_enabled",), "no", "auth_enabled must be true or false"),
+    (("auth_enabled",), "no", "cannot unmarshal !!str `no` into bool"),
+    (("server",), "x", "cannot unmarshal !!str `x` into server.Config"),
 ])
 def test_verify_config_rejects(path, value, message):
     errors = loki.verify_config(mutate(path, value))
     assert any(message in error for error in errors), errors
+
+
+# What the real Loki 3.7.6 accepts and an earlier stand-in refused.
+@pytest.mark.parametrize("path,value", [
+    (("limits_config", "retention_period"), "12h"),
+    (("ruler", "alertmanager_url"), "mgmt01:9093"),
+    (("limits_config", "discover_service_name"), []),
+    (("ingester",), {"lifecycler": {"min_ready_duration": "1s"}, "wal": {"dir": "/x"}}),
+    (("query_range",), {"max_retries": 3, "results_cache": {"cache": {"embedded_cache": {"enabled": True}}}}),
+])
+def test_verify_config_accepts_what_loki_accepts(path, value):
+    assert loki.verify_config(mutate(path, value)) == []
+
+
+def test_the_key_table_is_loki_3_7():
+    keys = loki.loki_config_keys
+    assert keys.VERSION == "3.7.6"
+    assert keys.BLOCKS["limits_config"]["ingestion_rate_mb"] == "f"
+    assert keys.BLOCKS["limits_config"]["discover_service_name"] == "l"
+    assert keys.BLOCKS["ingester"]["lifecycler"]["min_ready_duration"] == "d"
+    assert keys.BLOCKS["loki.Config"]["server"] == "<server>"
 
 
 def test_rule_file_check():
@@ -154,6 +198,10 @@ def test_rule_file_check():
     assert any("repeated" in e for e in errors)
     assert any("a group needs rules" in e for e in errors)
     assert loki.check_rule_file({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up == 0"}]}]})[1]
+    # the unbalanced parenthesis that made a real Loki load no rule group at all
+    broken = {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": 'sum(count_over_time({a="b"}[5m]) > 0'}]}]}
+    (error,) = loki.check_rule_file(broken)[1]
+    assert "could not parse expression: parse error at line 1" in error
 
 
 # --------------------------------------------------------------------------------------------- LogQL subset
@@ -212,11 +260,14 @@ def loki_server(tmp_path):
         {"alert": "HpcobsGpuXidKernelLogCritical", "expr": '{syslog_identifier="kernel"} |= "NVRM: Xid"',
          "labels": {"severity": "critical", "audience": "oncall"},
          "annotations": {"summary": "{{ $labels.node }}", "description": "d", "runbook": "r"}}]}]}))
-    (rules / "broken.yml").write_text("groups:\n- name: x\n  rules:\n  - alert: Y\n    expr: up == 0\n")
-    config = dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1", "http_listen_port": port},
+    grpc = free_port()
+    config = dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1", "http_listen_port": port,
+                                       "grpc_listen_address": "127.0.0.1", "grpc_listen_port": grpc},
                   common={"path_prefix": str(tmp_path / "data"),
                           "storage": {"filesystem": {"chunks_directory": str(tmp_path / "data" / "chunks")}}},
-                  ruler={"storage": {"type": "local", "local": {"directory": str(tmp_path / "rules")}}})
+                  ingester={"lifecycler": QUICK},
+                  ruler={"storage": {"type": "local", "local": {"directory": str(tmp_path / "rules")}},
+                         "poll_interval": "1s"})
     path = tmp_path / "loki.yml"
     path.write_text(yaml.safe_dump(config))
 
@@ -226,7 +277,8 @@ def loki_server(tmp_path):
         wait_ready("http://127.0.0.1:%d/ready" % port)
         return proc
 
-    server = {"url": "http://127.0.0.1:%d" % port, "start": start, "config": path, "data": tmp_path / "data"}
+    server = {"url": "http://127.0.0.1:%d" % port, "start": start, "config": path, "data": tmp_path / "data",
+              "rules": rules, "grpc": grpc}
     server["proc"] = start()
     yield server
     server["proc"].send_signal(signal.SIGTERM)
@@ -264,9 +316,15 @@ def test_push_query_labels_and_persistence(loki_server):
     status, body = call(url + "/loki/api/v1/query_range?" + params)
     result = json.loads(body)["data"]["result"]
     assert status == 200 and len(result) == 1
-    assert result[0]["stream"] == {"node": "gpu01", "syslog_identifier": "kernel"}
+    # as the real Loki 3.x: service_name (no label of discover_service_name: unknown_service) and detected_level
+    assert result[0]["stream"] == {"node": "gpu01", "syslog_identifier": "kernel", "service_name": "unknown_service",
+                                   "detected_level": "unknown"}
     assert [v[1] for v in result[0]["values"]] == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1"]
-    assert json.loads(call(url + "/loki/api/v1/labels")[1])["data"] == ["job", "node", "syslog_identifier"]
+    params_slurm = urllib.parse.urlencode({"query": '{job="slurm"}', "start": str(now - 10 ** 9)})
+    (slurm,) = json.loads(call(url + "/loki/api/v1/query_range?" + params_slurm)[1])["data"]["result"]
+    assert slurm["stream"]["service_name"] == "slurm"  # from job, the default list's only label here
+    assert json.loads(call(url + "/loki/api/v1/labels")[1])["data"] == [
+        "detected_level", "job", "node", "service_name", "syslog_identifier"]
     assert json.loads(call(url + "/loki/api/v1/label/node/values")[1])["data"] == ["gpu01", "gpu02"]
     # stored in the chunks directory: a restart keeps them
     loki_server["proc"].send_signal(signal.SIGTERM)
@@ -294,16 +352,71 @@ def test_rules_are_loaded_and_listed(loki_server):
     rule = groups[0]["rules"][0]
     assert rule["name"] == "HpcobsGpuXidKernelLogCritical" and rule["type"] == "alerting"
     assert rule["labels"] == {"severity": "critical", "audience": "oncall"}
-    # the file whose expression has no stream selector is not loaded, and it is said so
-    assert "hpcobs_standin_rule_files_failed 1" in call(url + "/metrics")[1]
+    # a log query loads but the real ruler fails every evaluation of it
+    assert rule["health"] == "err" and rule["lastError"] == "rule result is not a vector or scalar"
     namespaces = yaml.safe_load(call(url + "/loki/api/v1/rules")[1])
     assert list(namespaces) == ["hpcobs.yml"]
 
 
+def test_one_broken_rule_file_leaves_the_tenant_without_any_group(loki_server):
+    """Real Loki 3.7.6: 'unable to list rules ... could not parse expression', and no group of the tenant loads."""
+    url = loki_server["url"]
+    (loki_server["rules"] / "site.yml").write_text(yaml.safe_dump({"groups": [{"name": "site", "rules": [
+        {"alert": "SiteOom", "expr": 'sum(count_over_time({unit="kernel"} |= "Out of memory" [5m]) > 0'}]}]}))
+    deadline = time.time() + 10
+    while time.time() < deadline and "hpcobs_standin_rule_files_failed 1" not in call(url + "/metrics")[1]:
+        time.sleep(0.3)
+    assert "hpcobs_standin_rule_files_failed 1" in call(url + "/metrics")[1]
+    assert json.loads(call(url + "/prometheus/api/v1/rules")[1])["data"]["groups"] == []
+    assert call(url + "/loki/api/v1/rules")[0] == 404
+    (loki_server["rules"] / "site.yml").unlink()
+    deadline = time.time() + 10
+    while time.time() < deadline and not json.loads(call(url + "/prometheus/api/v1/rules")[1])["data"]["groups"]:
+        time.sleep(0.3)
+    assert [g["name"] for g in json.loads(call(url + "/prometheus/api/v1/rules")[1])["data"]["groups"]] == [
+        "hpcobs-kernel-log"]
+
+
+def test_grpc_port_is_held_on_the_configured_address(loki_server):
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", loki_server["grpc"])) == 0
+
+
+def test_ready_answers_503_until_the_ingester_waited(tmp_path):
+    """Real Loki: 503 "Ingester not ready: waiting for 15s after being ready" for about 16 s after start."""
+    assert loki.App(dict(BASE_CONFIG, common={"path_prefix": str(tmp_path)})).min_ready_text == "15s"
+    port = free_port()
+    config = dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1", "http_listen_port": port,
+                                       "grpc_listen_address": "127.0.0.1", "grpc_listen_port": free_port()},
+                  common={"path_prefix": str(tmp_path)}, ingester={"lifecycler": {"min_ready_duration": "3s"}},
+                  ruler={})
+    path = tmp_path / "loki.yml"
+    path.write_text(yaml.safe_dump(config))
+    started = time.time()
+    proc = subprocess.Popen([str(LOKI), "-config.file=%s" % path], stderr=subprocess.DEVNULL)
+    try:
+        url = "http://127.0.0.1:%d/ready" % port
+        deadline = time.time() + 10
+        while True:
+            try:
+                status, body = call(url)
+                break
+            except OSError:
+                assert time.time() < deadline
+                time.sleep(0.1)
+        assert (status, body) == (503, "Ingester not ready: waiting for 3s after being ready\n")
+        wait_ready(url)
+        assert time.time() - started >= 3
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 def test_auth_enabled_needs_a_tenant(tmp_path):
     port = free_port()
-    config = dict(BASE_CONFIG, auth_enabled=True, server={"http_listen_address": "127.0.0.1", "http_listen_port": port},
-                  common={"path_prefix": str(tmp_path)}, ruler={})
+    config = dict(BASE_CONFIG, auth_enabled=True, server={"http_listen_address": "127.0.0.1", "http_listen_port": port,
+                                                          "grpc_listen_port": free_port()},
+                  common={"path_prefix": str(tmp_path)}, ruler={}, ingester={"lifecycler": QUICK})
     path = tmp_path / "loki.yml"
     path.write_text(yaml.safe_dump(config))
     proc = subprocess.Popen([str(LOKI), "-config.file=%s" % path], stderr=subprocess.DEVNULL)

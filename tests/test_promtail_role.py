@@ -110,8 +110,9 @@ def test_default_config(rendered):
     assert config["clients"] == [{"url": "http://mgmt01:3200/loki/api/v1/push", "batchwait": "1s",
                                   "batchsize": 1048576, "external_labels": {"node": "gpu01"}}]
     assert config["positions"] == {"filename": "/var/lib/promtail/positions.yaml", "sync_period": "10s"}
-    assert config["server"] == {"http_listen_address": "", "http_listen_port": 9080, "grpc_listen_port": 0,
-                                "log_level": "info"}
+    # Promtail always opens a gRPC server: port 0 is a random port, kept on loopback
+    assert config["server"] == {"http_listen_address": "", "http_listen_port": 9080, "grpc_listen_address": "127.0.0.1",
+                                "grpc_listen_port": 0, "log_level": "info"}
     journal, slurm = config["scrape_configs"]
     assert journal["job_name"] == "systemd-journal"
     assert journal["journal"] == {"json": False, "max_age": "12h", "labels": {"job": "systemd-journal"}}

@@ -16,7 +16,7 @@ import urllib.parse
 import pytest
 import yaml
 
-from test_loki_standin import BASE_CONFIG, LOKI, PROMTAIL, call, free_port, load, wait_ready
+from test_loki_standin import BASE_CONFIG, LOKI, PROMTAIL, QUICK, call, free_port, load, wait_ready
 
 promtail = load(PROMTAIL, "hpcobs_promtail_standin")
 
@@ -31,7 +31,8 @@ JOURNAL_RELABEL = [
 
 def config_for(loki_url, tmp_path, port):
     return {
-        "server": {"http_listen_address": "127.0.0.1", "http_listen_port": port, "grpc_listen_port": 0},
+        "server": {"http_listen_address": "127.0.0.1", "http_listen_port": port, "grpc_listen_address": "127.0.0.1",
+                   "grpc_listen_port": 0},
         "positions": {"filename": str(tmp_path / "positions.yaml"), "sync_period": "1s"},
         "clients": [{"url": loki_url + "/loki/api/v1/push", "batchwait": "200ms",
                      "external_labels": {"node": "gpu01"}}],
@@ -50,19 +51,42 @@ def test_check_accepts_a_sound_config(tmp_path):
     assert promtail.check_config(config_for("http://mgmt01:3100", tmp_path, 9080)) == []
 
 
+# What the real Promtail 3.6.15 accepts and an earlier stand-in refused.
+@pytest.mark.parametrize("change", [
+    lambda c: c.update(clients=[]),
+    lambda c: c.pop("clients"),
+    lambda c: c["clients"][0]["external_labels"].update({"bad-name": "x"}),
+    lambda c: c["clients"][0].update(backoff_config={"min_period": "1s", "max_period": "30s", "max_retries": 20}),
+    lambda c: c["server"].update(grpc_listen_address="127.0.0.1", grpc_listen_port=0, health_check_target=False),
+])
+def test_check_accepts_what_promtail_accepts(tmp_path, change):
+    config = config_for("http://mgmt01:3100", tmp_path, 9080)
+    change(config)
+    assert promtail.check_config(config) == []
+
+
+# What the real Promtail 3.6.15 rejects, with its wording (strict YAML decoding into its config structs).
 @pytest.mark.parametrize("change,message", [
-    (lambda c: c.update(bogus=1), "field bogus not found"),
-    (lambda c: c.update(clients=[]), "at least one client"),
+    (lambda c: c.update(bogus=1), "field bogus not found in type config.Config"),
+    (lambda c: c["server"].update(foo=1), "field foo not found in type server.Config"),
+    (lambda c: c["clients"][0].update(backoff_config={"max_retrie": 3}), "field max_retrie not found in type backoff.Config"),
+    (lambda c: c["clients"][0].update(batch_wait="1s"), "field batch_wait not found in type client.Config"),
+    (lambda c: c["clients"][0].update(tls_config={"ca_fil": "/x"}), "field ca_fil not found in type config.TLSConfig"),
+    (lambda c: c["positions"].update(filname="/x"), "field filname not found in type positions.Config"),
+    (lambda c: c["scrape_configs"][1]["static_configs"][0].update(label={}), "field label not found in type targetgroup.Group"),
+    (lambda c: c["scrape_configs"][0]["relabel_configs"][0].update(target="x"), "field target not found in type relabel.Config"),
+    (lambda c: c["scrape_configs"][0].update(journals={}), "field journals not found in type scrapeconfig.Config"),
+    (lambda c: c["clients"][0].update(batchsize="1MB"), "cannot unmarshal !!str `1MB` into int"),
     (lambda c: c["clients"][0].update(url="mgmt01:3100"), "must be an http(s) URL"),
-    (lambda c: c["clients"][0]["external_labels"].update({"bad-name": "x"}), "not a valid label name"),
     (lambda c: c["scrape_configs"].append(dict(c["scrape_configs"][1])), "multiple scrape configs"),
     (lambda c: c["scrape_configs"][0]["relabel_configs"].append({"action": "rewrite"}), "unknown relabel action"),
     (lambda c: c["scrape_configs"][0]["relabel_configs"].append({"source_labels": ["a"]}), "requires 'target_label'"),
     (lambda c: c["scrape_configs"][0]["relabel_configs"].append({"regex": "(", "target_label": "a"}), "invalid regex"),
     (lambda c: c["scrape_configs"][0]["journal"].update(max_age="twelve hours"), "invalid duration"),
-    (lambda c: c["scrape_configs"][0]["journal"].update(since="1h"), "field since not found"),
+    (lambda c: c["scrape_configs"][0]["journal"].update(since="1h"),
+     "field since not found in type scrapeconfig.JournalTargetConfig"),
     (lambda c: c["scrape_configs"][1].pop("static_configs"), "no target kind"),
-    (lambda c: c["server"].update(http_listen_port=70000), "must be a port number"),
+    (lambda c: c["server"].update(http_listen_port="9080"), "cannot unmarshal !!str `9080` into int"),
 ])
 def test_check_rejects(tmp_path, change, message):
     config = config_for("http://mgmt01:3100", tmp_path, 9080)
@@ -158,6 +182,10 @@ def wait_for(check, timeout=15):
     pytest.fail("condition not met within %ss" % timeout)
 
 
+def without_loki_labels(labels):
+    return {k: v for k, v in labels.items() if k not in ("service_name", "detected_level")}
+
+
 def test_journal_and_files_reach_loki_and_positions_survive_a_restart(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -173,8 +201,11 @@ def test_journal_and_files_reach_loki_and_positions_survive_a_restart(tmp_path):
     loki_port, promtail_port = free_port(), free_port()
     loki_config = tmp_path / "loki.yml"
     loki_config.write_text(yaml.safe_dump(dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1",
-                                                                    "http_listen_port": loki_port},
-                                               common={"path_prefix": str(tmp_path / "loki")}, ruler={})))
+                                                                    "http_listen_port": loki_port,
+                                                                    "grpc_listen_address": "127.0.0.1",
+                                                                    "grpc_listen_port": free_port()},
+                                               common={"path_prefix": str(tmp_path / "loki")}, ruler={},
+                                               ingester={"lifecycler": QUICK})))
     promtail_config = tmp_path / "promtail.yml"
     loki_url = "http://127.0.0.1:%d" % loki_port
     promtail_config.write_text(yaml.safe_dump(config_for(loki_url, tmp_path, promtail_port)))
@@ -192,19 +223,24 @@ def test_journal_and_files_reach_loki_and_positions_survive_a_restart(tmp_path):
         wait_ready(loki_url + "/ready")
         first = start_promtail()
         kernel = wait_for(lambda: query(loki_url, '{syslog_identifier="kernel"} |= "NVRM: Xid"'))
-        assert kernel[0]["stream"] == {"node": "gpu01", "job": "systemd-journal", "transport": "kernel",
-                                       "syslog_identifier": "kernel", "priority": "error", "host": "gpu01"}
+        # the labels Promtail sets (Loki adds service_name and detected_level of its own)
+        assert without_loki_labels(kernel[0]["stream"]) == {
+            "node": "gpu01", "job": "systemd-journal", "transport": "kernel", "syslog_identifier": "kernel",
+            "priority": "error", "host": "gpu01"}
         assert kernel[0]["values"][0] == ["1700000000000000000", KERNEL_ENTRY["MESSAGE"]]
         slurmd = wait_for(lambda: query(loki_url, '{unit="slurmd.service"}'))
         assert slurmd[0]["stream"]["priority"] == "info"
         files = wait_for(lambda: query(loki_url, '{job="slurm"}'))
-        assert files[0]["stream"] == {"job": "slurm", "node": "gpu01", "filename": str(slurm_log)}
+        assert without_loki_labels(files[0]["stream"]) == {"job": "slurm", "node": "gpu01", "filename": str(slurm_log)}
+        metrics = call("http://127.0.0.1:%d/metrics" % promtail_port)[1]
+        assert "promtail_journal_target_lines_total 2\n" in metrics
         assert [v[1] for v in files[0]["values"]] == ["first line", "second line"]
 
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=15) == 0
         positions = yaml.safe_load((tmp_path / "positions.yaml").read_text())["positions"]
-        assert positions == {"journal-systemd-journal": "c2", str(slurm_log): str(len("first line\nsecond line\n"))}
+        # the real Promtail's key of a journal cursor: "cursor-" + job name
+        assert positions == {"cursor-systemd-journal": "c2", str(slurm_log): str(len("first line\nsecond line\n"))}
 
         with journal.open("a") as handle:
             handle.write(entry("c3", "after the restart"))
@@ -227,3 +263,59 @@ def test_journal_and_files_reach_loki_and_positions_survive_a_restart(tmp_path):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=15)
+
+
+DENIED_JOURNALCTL = """#!/bin/sh
+echo "No journal files were opened due to insufficient permissions." >&2
+exec sleep 3600
+"""
+
+
+def test_an_unreadable_journal_is_ready_and_reads_nothing_like_the_real_one(tmp_path):
+    """Real Promtail without the systemd-journal group: /ready 200, journal target "ready", 0 lines read."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(DENIED_JOURNALCTL)
+    (bin_dir / "journalctl").chmod(0o755)
+    port = free_port()
+    config = config_for("http://127.0.0.1:9", tmp_path, port)
+    config["scrape_configs"] = config["scrape_configs"][:1]
+    path = tmp_path / "promtail.yml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, str(PROMTAIL), "-config.file=%s" % path],
+                            env={"PATH": "%s:/usr/bin:/bin" % bin_dir}, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready("http://127.0.0.1:%d/ready" % port)
+        time.sleep(1)
+        metrics = call("http://127.0.0.1:%d/metrics" % port)[1]
+        assert "promtail_journal_target_lines_total 0\n" in metrics
+        assert call("http://127.0.0.1:%d/ready" % port)[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+
+
+def test_grpc_port_0_is_a_random_port_on_the_configured_address(tmp_path):
+    """Real Promtail always starts its gRPC server; port 0 picks a free port (on every address by default)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "journalctl").write_text(DENIED_JOURNALCTL)
+    (bin_dir / "journalctl").chmod(0o755)
+    port = free_port()
+    config = config_for("http://127.0.0.1:9", tmp_path, port)
+    path = tmp_path / "promtail.yml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "promtail.log"
+    proc = subprocess.Popen([sys.executable, str(PROMTAIL), "-config.file=%s" % path],
+                            env={"PATH": "%s:/usr/bin:/bin" % bin_dir}, stderr=log.open("w"))
+    try:
+        wait_ready("http://127.0.0.1:%d/ready" % port)
+        line = next(line for line in log.read_text().splitlines() if "server listening on addresses" in line)
+        host, grpc_port = json.loads(line.split("grpc=")[1].split()[0]).rsplit(":", 1)
+        assert host == "127.0.0.1" and int(grpc_port) > 0
+        import socket
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", int(grpc_port))) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)

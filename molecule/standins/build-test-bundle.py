@@ -13,6 +13,10 @@ binary, e.g. from a bundle built on a connected machine) is never replaced.
 Stand-in layout, molecule/standins/<component>/:
     <installed name>   one file per binary of files/artifacts.yml (e.g. loki), packed at its path in the archive
     tree/              optional: the rest of the archive root (install_tree components such as Grafana)
+    MODULES            optional: Python files (paths relative to the repository, "<path> as <module>.py" to name
+                       one) the stand-in imports; the binary
+                       is then packed as a zip application (shebang + zip: __main__.py and those modules), so one
+                       file still installs as the binary and code shared with a role is not copied
 
     build-test-bundle.py --from .cache/bundle-local/bundle --to .cache/bundle-test/bundle [--key KEY]
 
@@ -51,10 +55,13 @@ def standin_members(component, spec, version, arch):
                     data = handle.read()
                 mode = 0o755 if os.access(path, os.X_OK) else 0o644
                 members.append(("%s/%s" % (root, rel) if root else rel, data, mode))
+    modules_list = os.path.join(source, "MODULES")
     for installed, inner in spec["binaries"].items():
         path = os.path.join(source, installed)
         with open(path, "rb") as handle:
             data = handle.read()
+        if os.path.exists(modules_list):
+            data = zipapp(data, modules_list)
         inner = inner.format(**fmt)
         members.append(("%s/%s" % (root, inner) if root else inner, data, 0o755))
     note = ("STAND-IN: this is not %s. It is hpcobs' test stand-in (molecule/standins/%s), packed in the layout\n"
@@ -62,6 +69,27 @@ def standin_members(component, spec, version, arch):
             "had.\n" % (component, component)).encode()
     members.append(("%s/STAND-IN.txt" % root if root else "STAND-IN.txt", note, 0o644))
     return members
+
+
+def zipapp(main, modules_list):
+    """A reproducible Python zip application: the stand-in as __main__.py plus the modules MODULES names."""
+    import io
+    import zipfile
+    members = [("__main__.py", main)]
+    with open(modules_list, encoding="utf-8") as handle:
+        for line in handle:
+            rel, _, name = line.split("#")[0].strip().partition(" as ")
+            if rel:
+                with open(os.path.join(ROOT, rel.strip()), "rb") as module:
+                    members.append((name.strip() or os.path.basename(rel.strip()), module.read()))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, data)
+    return b"#!/usr/bin/env python3\n" + buffer.getvalue()
 
 
 def link_tree(src, dst):
@@ -84,6 +112,10 @@ def inputs_key(src, key):
     for base, dirs, files in os.walk(HERE):
         dirs.sort()
         paths += [os.path.join(base, name) for name in sorted(files) if not name.endswith(".pyc")]
+        if "MODULES" in files:
+            with open(os.path.join(base, "MODULES"), encoding="utf-8") as handle:
+                paths += [os.path.join(ROOT, line.split("#")[0].partition(" as ")[0].strip()) for line in handle
+                          if line.split("#")[0].strip()]
     for path in paths:
         digest.update(path.encode())
         with open(path, "rb") as handle:

@@ -1,7 +1,11 @@
 """Loki on the management host, as converged by the loki role (the binary is the test bundle's stand-in)."""
-import pytest
+import os
+import subprocess
 
-from helpers import LOKI, MGMT, bundle_binary_sha256, http, http_json, read_yaml
+import pytest
+import yaml
+
+from helpers import LOKI, MGMT, REPO, bundle_binary_sha256, http, http_json, read_yaml
 from hostchecks import assert_runs_as_its_own_user, unit_property
 
 testinfra_hosts = [MGMT]
@@ -115,3 +119,41 @@ def test_data_dir_kept_what_was_there(host):
     assert data.is_directory and data.user == "loki" and data.group == "loki" and data.mode == 0o750
     # written by prepare.yml before the check, converge and idempotence runs
     assert host.file("/var/lib/loki/site-restore-marker").content_string == "restored from backup before hpcobs ran\n"
+
+
+class _Unsafe(yaml.SafeDumper):
+    """Dumps every string as !unsafe, so that Ansible leaves Loki's own {{ $labels }} templates alone."""
+
+
+_Unsafe.add_representer(str, lambda dumper, value: dumper.represent_scalar("!unsafe", value))
+
+
+def test_a_broken_site_rule_changes_nothing_and_the_xid_group_stays(host, tmp_path):
+    """A site group whose expression Loki cannot parse would make the real ruler load no group at all: the role
+    refuses it in preflight, before anything changes, and the XID group keeps being evaluated."""
+    inventory = os.environ.get("MOLECULE_INVENTORY_FILE")
+    assert inventory and os.path.exists(inventory), "run through molecule verify (MOLECULE_INVENTORY_FILE)"
+    rules_file = "/etc/loki/rules/fake/hpcobs.yml"
+    before = host.file(rules_file).sha256sum
+    groups = read_yaml(host, rules_file)["groups"]
+    broken = {"name": "site-oom", "rules": [{
+        "alert": "SiteOomKiller",
+        "expr": 'sum by (node) (count_over_time({syslog_identifier="kernel"} |= "Out of memory" [5m]) > 0',
+        "labels": {"severity": "warning", "audience": "ops"},
+        "annotations": {"summary": "OOM on {{ $labels.node }}", "description": "d", "runbook": "r"}}]}
+    extra = tmp_path / "site-rules.yml"
+    extra.write_text(yaml.dump({"loki_rule_groups": groups + [broken]}, Dumper=_Unsafe))
+    project = str(REPO)
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(project, "roles"))
+    env.setdefault("ANSIBLE_CONFIG", os.path.join(project, "ansible.cfg"))
+    result = subprocess.run(["ansible-playbook", "-i", inventory, str(REPO / "molecule" / "logs" / "converge.yml"),
+                             "--limit", MGMT, "-e", "@%s" % extra], capture_output=True, text=True, timeout=600,
+                            check=False, env=env, cwd=project)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0, output[-3000:]
+    assert "loki_rule_groups is refused" in output, output[-3000:]
+    assert "site-oom/SiteOomKiller: expr is not valid LogQL (parse error at line 1" in output
+    assert "Nothing was changed." in output
+    assert host.file(rules_file).sha256sum == before
+    names = [g["name"] for g in http_json(host, "http://127.0.0.1:3100/prometheus/api/v1/rules")["data"]["groups"]]
+    assert names == ["hpcobs-kernel-log"]

@@ -1,4 +1,6 @@
 """Promtail on the GPU node, as converged by the promtail role (the binary is the test bundle's stand-in)."""
+import re
+
 import pytest
 
 from helpers import LOKI, NODE, bundle_binary_sha256, http, read_yaml
@@ -80,3 +82,18 @@ def test_ready_and_metrics(host):
     assert host.socket("tcp://0.0.0.0:9080").is_listening
     metrics = http(host, "http://127.0.0.1:9080/metrics")
     assert 'promtail_sent_entries_total{host="%s:3100"}' % LOKI.split("//")[1].split(":")[0] in metrics
+    # the journal is read, not only "ready" (the counter the role's readiness check waits for)
+    lines = re.search(r"^promtail_journal_target_lines_total (\S+)$", metrics, re.M)
+    assert lines and float(lines.group(1)) > 0
+
+
+def test_grpc_listens_on_loopback_only(host):
+    """Promtail always opens a gRPC server (grpc_listen_port 0: a random port); it must not be on the network."""
+    pid = main_pid(host, "promtail")
+    listening = host.check_output("ss -Hltnp")
+    ours = [line.split()[3] for line in listening.splitlines() if "pid=%s," % pid in line]
+    assert "0.0.0.0:9080" in ours or "*:9080" in ours, ours
+    others = [address for address in ours if not address.endswith(":9080")]
+    assert others and all(address.startswith("127.0.0.1:") for address in others), ours
+    config = read_yaml(host, "/etc/promtail/promtail.yml")
+    assert (config["server"]["grpc_listen_address"], config["server"]["grpc_listen_port"]) == ("127.0.0.1", 0)

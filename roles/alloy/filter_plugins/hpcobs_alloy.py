@@ -1,0 +1,203 @@
+"""Filters of the alloy role: its configuration in Alloy's syntax, built from data (`alloy_config`), and the
+checks of its inputs (`alloy_problems`).
+
+The configuration carries the project's log label contract exactly as roles/promtail does, from the same globals:
+the journal (kernel lines included: nothing is filtered on transport) through loki.relabel rules that map journal
+fields to the contract's labels, file targets with `job` and `filename`, and one loki.write endpoint per Loki with
+`node` (and the external labels) on every stream, the tenant and, optionally, basic-auth credentials whose password
+is read from a file (never written into the configuration).
+
+Components and arguments are those of Grafana Alloy 1.18 (loki.source.journal, loki.relabel, local.file_match,
+loki.source.file, loki.write; docs/sources/reference/components of grafana/alloy).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # used outside Ansible (unit tests)
+    AnsibleFilterError = ValueError
+
+LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
+COMPONENT_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
+URL = re.compile(r"^https?://[^/\s\"]+(/[^\s\"]*)?$")
+
+
+def _string(value):
+    """An Alloy string literal (Alloy strings take Go's escapes; JSON's are a subset of them)."""
+    return json.dumps(str(value))
+
+
+def _value(value, indent):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        pad = "  " * (indent + 1)
+        fields = ["%s%s = %s," % (pad, _string(k), _value(v, indent + 1)) for k, v in value.items()]
+        return "{\n" + "\n".join(fields) + "\n" + "  " * indent + "}"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        pad = "  " * (indent + 1)
+        return "[\n" + "\n".join("%s%s," % (pad, _value(v, indent + 1)) for v in value) + "\n" + "  " * indent + "]"
+    if isinstance(value, Ref):
+        return value.name
+    return _string(value)
+
+
+class Ref:
+    """A reference to another component's export (written unquoted)."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _block(name, label, body, indent=0):
+    pad = "  " * indent
+    head = "%s%s %s {" % (pad, name, _string(label)) if label is not None else "%s%s {" % (pad, name)
+    lines = [head]
+    for key, value in body:
+        if isinstance(value, Block):
+            lines.append(_block(value.name, None, value.body, indent + 1))
+        else:
+            lines.append("%s  %s = %s" % (pad, key, _value(value, indent + 1)))
+    lines.append(pad + "}")
+    return "\n".join(lines)
+
+
+class Block:
+    def __init__(self, name, body):
+        self.name, self.body = name, body
+
+
+def _job_label(job):
+    """A component label from a job name (Alloy labels are identifiers)."""
+    label = re.sub(r"[^A-Za-z0-9_]", "_", job)
+    return label if re.match(r"^[A-Za-z_]", label) else "job_" + label
+
+
+def alloy_config(settings):
+    """The whole configuration file (text) from the role's settings (see vars/main.yml, _alloy_settings)."""
+    parts = ["// Managed by hpcobs (roles/alloy): change the role's variables, not this file.",
+             _block("logging", None, [("level", settings.get("log_level", "info")), ("format", "logfmt")])]
+    endpoints = []
+    for url in settings["loki_urls"]:
+        body = [("url", url.rstrip("/") + "/loki/api/v1/push"),
+                ("batch_wait", settings["batchwait"]),
+                ("batch_size", settings["batchsize"])]
+        if settings.get("tenant_id"):
+            body.append(("tenant_id", settings["tenant_id"]))
+        if settings.get("username"):
+            body.append(("basic_auth", Block("basic_auth", [("username", settings["username"]),
+                                                            ("password_file", settings["password_file"])])))
+        endpoints.append(("endpoint", Block("endpoint", body)))
+    external = dict(settings.get("external_labels") or {})
+    external["node"] = settings["node_label"]
+    parts.append(_block("loki.write", "default", endpoints + [("external_labels", external)]))
+    receiver = [Ref("loki.write.default.receiver")]
+    if settings.get("journal_enabled"):
+        rules = [("rule", Block("rule", [("source_labels", [field]), ("target_label", label)]))
+                 for field, label in settings["journal_labels"].items()]
+        parts.append(_block("loki.relabel", "journal", [("forward_to", [])] + rules))
+        parts.append(_block("loki.source.journal", "journal", [
+            ("max_age", settings["journal_max_age"]),
+            ("format_as_json", False),
+            ("labels", {"job": "systemd-journal"}),
+            ("relabel_rules", Ref("loki.relabel.journal.rules")),
+            ("forward_to", receiver)]))
+    for target in settings.get("file_targets") or []:
+        label = _job_label(target["job"])
+        paths = [dict(target.get("labels") or {}, __path__=path, job=target["job"]) for path in target["paths"]]
+        parts.append(_block("local.file_match", label, [("path_targets", paths)]))
+        parts.append(_block("loki.source.file", label, [
+            ("targets", Ref("local.file_match.%s.targets" % label)),
+            ("forward_to", receiver)]))
+    return "\n\n".join(parts) + "\n"
+
+
+def alloy_problems(settings):
+    """Every problem of the role's settings, as strings (empty when there is none)."""
+    problems = []
+    urls = settings.get("loki_urls")
+    if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
+        problems.append("alloy_loki_urls must be a non-empty list of http(s) base URLs such as "
+                        "[\"http://mgmt01:3100\"], got %s" % json.dumps(urls))
+    tenant = settings.get("tenant_id")
+    if not isinstance(tenant, str) or not re.match(r"^[A-Za-z0-9!._*()'-]{0,150}$", tenant):
+        problems.append("alloy_loki_tenant_id must be empty or a Loki tenant id")
+    if bool(settings.get("username")) != bool(settings.get("has_password")):
+        problems.append("alloy_loki_username and alloy_loki_password go together (both set, or both empty)")
+    node = settings.get("node_label")
+    if not isinstance(node, str) or not node:
+        problems.append("alloy_node_label must be a non-empty string")
+    external = settings.get("external_labels")
+    if not isinstance(external, dict) or not all(LABEL.match(k) and not k.startswith("__") and k != "node"
+                                                 for k in external):
+        problems.append("alloy_external_labels must map valid label names (not node, not __*) to values, got %s"
+                        % json.dumps(external))
+    journal = settings.get("journal_labels")
+    if not isinstance(journal, dict) or not all(
+            JOURNAL_LABEL.match(str(k)) and LABEL.match(str(v)) and not str(v).startswith("__")
+            and v not in ("node", "job") for k, v in journal.items()) or len(set(journal.values())) != len(journal):
+        problems.append("alloy_journal_labels must map journal labels (__journal_<field>) to distinct label names "
+                        "other than node and job, got %s" % json.dumps(journal))
+    if not DURATION.match(str(settings.get("journal_max_age"))):
+        problems.append("alloy_journal_max_age must be a duration like 12h")
+    targets = settings.get("file_targets")
+    if not isinstance(targets, list):
+        problems.append("alloy_file_targets must be a list")
+        targets = []
+    jobs = {"systemd-journal"} if settings.get("journal_enabled") else set()
+    labels_seen = set()
+    for number, target in enumerate(targets, 1):
+        if not isinstance(target, dict):
+            problems.append("file target %d must be a mapping" % number)
+            continue
+        job = str(target.get("job", ""))
+        if not re.match(r"^[A-Za-z0-9_.-]+$", job):
+            problems.append("file target %d: job %s must match [A-Za-z0-9_.-]+" % (number, json.dumps(job)))
+        if job in jobs or _job_label(job) in labels_seen:
+            problems.append("job %s is used twice" % job)
+        jobs.add(job)
+        labels_seen.add(_job_label(job))
+        for key in sorted(set(target) - {"job", "paths", "labels"}):
+            problems.append("job %s: unknown key %s" % (job, key))
+        paths = target.get("paths")
+        if not isinstance(paths, list) or not paths:
+            problems.append("job %s: paths must be a non-empty list" % job)
+        else:
+            problems += ["job %s: path %s is not absolute" % (job, json.dumps(p))
+                         for p in paths if not str(p).startswith("/")]
+        for name in (target.get("labels") or {}):
+            if not LABEL.match(str(name)) or str(name).startswith("__"):
+                problems.append("job %s: label %s is not a valid label name" % (job, json.dumps(name)))
+    if not settings.get("journal_enabled") and not targets:
+        problems.append("nothing to read: enable the journal or list file targets")
+    if not DURATION.match(str(settings.get("batchwait"))):
+        problems.append("alloy_batchwait must be a duration like 1s")
+    if settings.get("log_level", "info") not in ("debug", "info", "warn", "error"):
+        problems.append("alloy_log_level must be debug, info, warn or error")
+    if not re.match(r"^[0-9]+(B|KiB|MiB|KB|MB)$", str(settings.get("batchsize"))):
+        problems.append("alloy_batchsize must be a size like 1MiB")
+    return problems
+
+
+def alloy_config_filter(settings):
+    problems = alloy_problems(settings)
+    if problems:
+        raise AnsibleFilterError("alloy: " + "; ".join(problems))
+    return alloy_config(settings)
+
+
+class FilterModule:
+    def filters(self):
+        return {"alloy_config": alloy_config_filter, "alloy_problems": alloy_problems}
