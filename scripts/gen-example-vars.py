@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "# ---- Reference: every setting of the roles on this group, with its default (scripts/gen-example-vars.py) ----"
 GROUPS = {
     "gpu_nodes": ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "slurm_hooks"],
-    "slurm_controllers": ["node_exporter", "promtail", "slurm_hooks"],
+    "slurm_controllers": ["node_exporter", "promtail", "slurm_hooks", "slurm_metrics"],
     "management": ["node_exporter", "victoriametrics", "alertmanager", "vmalert", "loki", "grafana", "promtail"],
 }
 # Roles documented in full in one group only; elsewhere a pointer is enough.

@@ -1,0 +1,138 @@
+"""Verify the slurm_metrics collector on the real controllers of both lab clusters (Slurm 22.05 and 24.11).
+
+The collector (hpcobs-slurm-metrics, port 9341, every 5 s in this scenario) serves the names of Slurm's
+metrics/openmetrics plugin. Each check compares what it serves with what Slurm itself says at the same time
+(sinfo, squeue, scontrol), for a job that holds GPUs and for a node drained with a reason.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import testinfra
+from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
+from polling import wait_for
+
+CLUSTERS = ["d12", "d13"]
+PORT = 9341
+UNIT = "hpcobs-slurm-metrics.service"
+TIMEOUT = 60
+
+
+def podman(name):
+    return testinfra.get_host("podman://%s" % name)
+
+
+def metrics(ctl):
+    text = ctl.check_output(
+        "python3 -c \"import urllib.request,sys;"
+        "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:%d/metrics', timeout=10).read().decode())\"" % PORT)
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        assert match, "not an exposition line: %r" % line
+        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or "")))
+        samples[(match.group(1), labels)] = float(match.group(3))
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture(scope="module", params=CLUSTERS)
+def cluster(request):
+    name = request.param
+    return {"name": name, "ctl": podman("slurm-%s-ctl" % name), "gpu1": "slurm-%s-gpu1" % name,
+            "gpu2": "slurm-%s-gpu2" % name}
+
+
+def test_collector_runs_unprivileged_and_hardened(cluster):
+    ctl = cluster["ctl"]
+    assert_runs_as_its_own_user(ctl, UNIT, "hpcobs-slurm-metrics")
+    argv = cmdline(ctl, UNIT)
+    assert argv[1].endswith("/hpcobs-slurm-metrics") and "serve" in argv and "--mode=full" in argv
+    for prop, wanted in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+                         ("PrivateTmp", "yes"), ("CapabilityBoundingSet", "")]:
+        assert unit_property(ctl, UNIT, prop) == wanted, prop
+    # GPU nodes get no collector
+    assert not podman(cluster["gpu1"]).file("/etc/systemd/system/" + UNIT).exists
+
+
+def test_every_command_works_and_the_cluster_is_described(cluster):
+    ctl = cluster["ctl"]
+    samples = metrics(ctl)
+    for command in ["nodes", "partitions", "jobs", "sdiag", "ping"]:
+        assert value(samples, "hpcobs_slurm_collector_success", command=command) == 1, command
+    assert value(samples, "slurm_nodes") == 2
+    assert value(samples, "slurm_partitions") == 1
+    for node in (cluster["gpu1"], cluster["gpu2"]):
+        assert value(samples, "slurm_node_gpus", node=node) == 4
+        cpus = int(ctl.check_output("sinfo -h -N -n %s -o %%c", node).split()[0])
+        assert value(samples, "slurm_node_cpus", node=node) == cpus
+    assert value(samples, "slurm_partition_gpus", partition="gpu") == 8
+    assert value(samples, "slurm_partition_nodes", partition="gpu") == 2
+    controller = "slurm-%s-ctl" % cluster["name"]
+    assert value(samples, "hpcobs_slurm_controller_up", controller=controller, role="primary") == 1
+    # sdiag's scheduler statistics (main cycles run at least at every submission and every minute)
+    assert value(samples, "slurm_server_thread_cnt") >= 1
+    assert value(samples, "slurm_schedule_cycle_cnt") is not None
+
+
+def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(cluster):
+    ctl = cluster["ctl"]
+    job = ctl.check_output(
+        "runuser -u bob -- sbatch --parsable --job-name=hpcobs-metrics --account=chemistry --gres=gpu:3 "
+        "--nodelist=%s --ntasks=1 --cpus-per-task=1 --chdir=/tmp --output=/dev/null --wrap='sleep 600'",
+        cluster["gpu1"]).strip().split(";")[0]
+    try:
+        wait_for("job %s running" % job,
+                 lambda: ctl.run("squeue -h -j %s -o %%T", job).stdout.strip() == "RUNNING", TIMEOUT, interval=0.5)
+
+        def counted():
+            samples = metrics(ctl)
+            return samples if value(samples, "slurm_account_jobs_gpus_alloc", account="chemistry") == 3 else None
+        samples = wait_for("the collector counting job %s" % job, counted, TIMEOUT, interval=1)
+        running = len(ctl.check_output("squeue -h -t RUNNING -o %%i").split())
+        assert value(samples, "slurm_jobs_running") == running >= 1
+        assert value(samples, "slurm_user_jobs_running", username="bob") == 1
+        assert value(samples, "slurm_user_jobs_gpus_alloc", username="bob") == 3
+        assert value(samples, "slurm_node_gpus_alloc", node=cluster["gpu1"]) == 3
+        assert value(samples, "slurm_partition_jobs_gpus_alloc", partition="gpu") == 3
+        assert value(samples, "slurm_jobs_gpus_alloc") == 3
+        assert value(samples, "hpcobs_slurm_node_state_info", node=cluster["gpu1"], state="mixed", reason="") == 1
+    finally:
+        ctl.run("scancel %s", job)
+    wait_for("job %s gone" % job, lambda: ctl.run("squeue -h -j %s -o %%T", job).stdout.strip() == "", TIMEOUT,
+             interval=0.5)
+    wait_for("GPUs of job %s released in the metrics" % job,
+             lambda: value(metrics(ctl), "slurm_node_gpus_alloc", node=cluster["gpu1"]) == 0, TIMEOUT, interval=1)
+
+
+def test_a_drained_node_shows_with_its_reason_and_comes_back(cluster):
+    ctl, node = cluster["ctl"], cluster["gpu2"]
+    reason = "hpcobs verify: GPU 2 XID 79"
+    ctl.check_output("scontrol update nodename=%s state=drain reason='%s'", node, reason)
+    try:
+        assert reason in ctl.check_output("sinfo -h -R -n %s -o %%E", node)
+
+        def drained():
+            samples = metrics(ctl)
+            return samples if value(samples, "hpcobs_slurm_node_state_info", node=node, state="drained",
+                                    reason=reason) == 1 else None
+        samples = wait_for("%s drained in the metrics" % node, drained, TIMEOUT, interval=1)
+        assert value(samples, "slurm_nodes_drain") == 1
+        assert value(samples, "slurm_nodes_drained") == 1
+        assert value(samples, "slurm_nodes_idle") == 2  # Slurm keeps the base state: IDLE+DRAIN
+        assert value(samples, "slurm_partition_nodes_drained", partition="gpu") == 1
+        # one state series per node: the old one is gone
+        assert [k for k in samples if k[0] == "hpcobs_slurm_node_state_info" and ("node", node) in k[1]] == [
+            ("hpcobs_slurm_node_state_info", (("node", node), ("reason", reason), ("state", "drained")))]
+    finally:
+        ctl.run("scontrol update nodename=%s state=resume", node)
+    wait_for("%s idle again in the metrics" % node,
+             lambda: value(metrics(ctl), "hpcobs_slurm_node_state_info", node=node, state="idle", reason="") == 1,
+             TIMEOUT, interval=1)
+    assert value(metrics(ctl), "slurm_nodes_drain") == 0
