@@ -6,7 +6,9 @@ metrics/openmetrics plugin. Each check compares what it serves with what Slurm i
 """
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 import testinfra
@@ -17,6 +19,21 @@ CLUSTERS = ["d12", "d13"]
 PORT = 9341
 UNIT = "hpcobs-slurm-metrics.service"
 TIMEOUT = 60
+REPO = Path(__file__).resolve().parents[3]
+# The raw command output of each cluster is kept here: tests/data/slurm/<version>/ holds a copy of it, which the unit
+# tests (tests/test_slurm_metrics.py) render and compare with sinfo's and squeue's view of the same moment.
+CAPTURE_DIR = Path(os.environ.get("HPCOBS_SLURM_CAPTURE_DIR", REPO / ".cache" / "slurm-capture"))
+COLLECTOR_COMMANDS = {
+    "nodes": "scontrol --oneliner show node",
+    "partitions": "scontrol --oneliner show partition",
+    "jobs": "scontrol --oneliner show job",
+    "sdiag": "sdiag",
+    "ping": "scontrol ping",
+    # Slurm's own views of the same moment, for the unit tests' expectations
+    "sinfo": "sinfo -h -N -o '%N|%T|%G|%E'",
+    "squeue": "squeue -h -t all -o '%i|%T|%u|%a|%P|%b|%C|%D'",
+    "version": "scontrol -V",
+}
 
 
 def podman(name):
@@ -47,6 +64,43 @@ def cluster(request):
     name = request.param
     return {"name": name, "ctl": podman("slurm-%s-ctl" % name), "gpu1": "slurm-%s-gpu1" % name,
             "gpu2": "slurm-%s-gpu2" % name}
+
+
+def submit(ctl, user, account, gpus, node):
+    return ctl.check_output(
+        "runuser -u %s -- sbatch --parsable --job-name=hpcobs-metrics --account=%s --gres=gpu:%d --nodelist=%s "
+        "--ntasks=1 --cpus-per-task=1 --chdir=/tmp --output=/dev/null --wrap='sleep 600'",
+        user, account, gpus, node).strip().split(";")[0]
+
+
+def job_state(ctl, job):
+    return ctl.run("squeue -h -j %s -o %%T", job).stdout.strip()
+
+
+def test_capture_command_output_with_running_pending_and_drained(cluster):
+    """Run the collector's commands as its own user while a job runs, one waits and a node is drained; keep the
+    output (and sinfo's/squeue's view) for the unit tests."""
+    ctl = cluster["ctl"]
+    running = submit(ctl, "alice", "physics", 3, cluster["gpu1"])
+    waiting = submit(ctl, "bob", "chemistry", 2, cluster["gpu1"])
+    reason = "hpcobs capture: GPU 1 XID 79"
+    ctl.check_output("scontrol update nodename=%s state=drain reason='%s'", cluster["gpu2"], reason)
+    try:
+        wait_for("job %s running" % running, lambda: job_state(ctl, running) == "RUNNING", TIMEOUT, interval=0.5)
+        wait_for("job %s pending" % waiting, lambda: job_state(ctl, waiting) == "PENDING", TIMEOUT, interval=0.5)
+        out = CAPTURE_DIR / cluster["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        for key, command in COLLECTOR_COMMANDS.items():
+            result = ctl.run("runuser -u hpcobs-slurm-metrics -- %s" % command)
+            assert result.rc == 0 or key == "ping", (command, result.stderr)
+            (out / ("%s.txt" % key)).write_text(result.stdout)
+        assert "gres/gpu=3" in (out / "jobs.txt").read_text()
+        assert reason in (out / "sinfo.txt").read_text()
+    finally:
+        ctl.run("scancel %s %s", running, waiting)
+        ctl.run("scontrol update nodename=%s state=resume", cluster["gpu2"])
+    for job in (running, waiting):
+        wait_for("job %s gone" % job, lambda: job_state(ctl, job) == "", TIMEOUT, interval=0.5)
 
 
 def test_collector_runs_unprivileged_and_hardened(cluster):
@@ -83,13 +137,9 @@ def test_every_command_works_and_the_cluster_is_described(cluster):
 
 def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(cluster):
     ctl = cluster["ctl"]
-    job = ctl.check_output(
-        "runuser -u bob -- sbatch --parsable --job-name=hpcobs-metrics --account=chemistry --gres=gpu:3 "
-        "--nodelist=%s --ntasks=1 --cpus-per-task=1 --chdir=/tmp --output=/dev/null --wrap='sleep 600'",
-        cluster["gpu1"]).strip().split(";")[0]
+    job = submit(ctl, "bob", "chemistry", 3, cluster["gpu1"])
     try:
-        wait_for("job %s running" % job,
-                 lambda: ctl.run("squeue -h -j %s -o %%T", job).stdout.strip() == "RUNNING", TIMEOUT, interval=0.5)
+        wait_for("job %s running" % job, lambda: job_state(ctl, job) == "RUNNING", TIMEOUT, interval=0.5)
 
         def counted():
             samples = metrics(ctl)
@@ -105,8 +155,7 @@ def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(c
         assert value(samples, "hpcobs_slurm_node_state_info", node=cluster["gpu1"], state="mixed", reason="") == 1
     finally:
         ctl.run("scancel %s", job)
-    wait_for("job %s gone" % job, lambda: ctl.run("squeue -h -j %s -o %%T", job).stdout.strip() == "", TIMEOUT,
-             interval=0.5)
+    wait_for("job %s gone" % job, lambda: job_state(ctl, job) == "", TIMEOUT, interval=0.5)
     wait_for("GPUs of job %s released in the metrics" % job,
              lambda: value(metrics(ctl), "slurm_node_gpus_alloc", node=cluster["gpu1"]) == 0, TIMEOUT, interval=1)
 
