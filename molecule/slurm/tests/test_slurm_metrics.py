@@ -185,3 +185,16 @@ def test_a_drained_node_shows_with_its_reason_and_comes_back(cluster):
              lambda: value(metrics(ctl), "hpcobs_slurm_node_state_info", node=node, state="idle", reason="") == 1,
              TIMEOUT, interval=1)
     assert value(metrics(ctl), "slurm_nodes_drain") == 0
+
+
+def test_jobstats_and_report_are_installed_and_configured(cluster):
+    ctl = cluster["ctl"]
+    conf = ctl.file("/etc/hpcobs/jobstats.conf")
+    # no management host in this scenario: the default falls back to the controller itself
+    assert conf.mode == 0o644 and "url = http://127.0.0.1:8428" in conf.content_string
+    for tool in ("hpcobs-jobstats", "hpcobs-report"):
+        assert ctl.file("/usr/local/bin/%s" % tool).mode == 0o755
+    # any user may run it; without a VictoriaMetrics there it says so (exit 1), naming the configured URL
+    result = ctl.run("runuser -u alice -- hpcobs-jobstats 1")
+    assert result.rc == 1 and "VictoriaMetrics at http://127.0.0.1:8428" in result.stderr, result.stderr
+    assert ctl.run("runuser -u alice -- hpcobs-report --help").rc == 0
