@@ -62,7 +62,9 @@ def sinfo_view(version):
     nodes = {}
     for line in (DATA / version / "sinfo.txt").read_text().splitlines():
         name, state, gres, reason = line.split("|", 3)
-        nodes[name] = {"state": state.rstrip("*~#!%$@^-"), "gres": gres, "reason": reason.strip()}
+        # sinfo prints "none" for a node without a reason
+        reason = "" if reason.strip() == "none" else reason.strip()
+        nodes[name] = {"state": state.rstrip("*~#!%$@^-"), "gres": gres, "reason": reason}
     return nodes
 
 
