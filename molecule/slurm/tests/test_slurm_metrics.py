@@ -68,9 +68,9 @@ def cluster(request):
 
 def submit(ctl, user, account, gpus, node):
     return ctl.check_output(
-        "runuser -u %s -- sbatch --parsable --job-name=hpcobs-metrics --account=%s --gres=gpu:%d --nodelist=%s "
+        "runuser -u %s -- sbatch --parsable --job-name=hpcobs-metrics --account=%s --gres=%s --nodelist=%s "
         "--ntasks=1 --cpus-per-task=1 --chdir=/tmp --output=/dev/null --wrap='sleep 600'",
-        user, account, gpus, node).strip().split(";")[0]
+        user, account, "gpu:%d" % gpus, node).strip().split(";")[0]
 
 
 def job_state(ctl, job):
@@ -84,7 +84,7 @@ def test_capture_command_output_with_running_pending_and_drained(cluster):
     running = submit(ctl, "alice", "physics", 3, cluster["gpu1"])
     waiting = submit(ctl, "bob", "chemistry", 2, cluster["gpu1"])
     reason = "hpcobs capture: GPU 1 XID 79"
-    ctl.check_output("scontrol update nodename=%s state=drain reason='%s'", cluster["gpu2"], reason)
+    ctl.check_output("scontrol update nodename=%s state=drain reason=%s", cluster["gpu2"], reason)
     try:
         wait_for("job %s running" % running, lambda: job_state(ctl, running) == "RUNNING", TIMEOUT, interval=0.5)
         wait_for("job %s pending" % waiting, lambda: job_state(ctl, waiting) == "PENDING", TIMEOUT, interval=0.5)
@@ -145,7 +145,7 @@ def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(c
             samples = metrics(ctl)
             return samples if value(samples, "slurm_account_jobs_gpus_alloc", account="chemistry") == 3 else None
         samples = wait_for("the collector counting job %s" % job, counted, TIMEOUT, interval=1)
-        running = len(ctl.check_output("squeue -h -t RUNNING -o %%i").split())
+        running = len(ctl.check_output("squeue -h -t RUNNING -o %i").split())
         assert value(samples, "slurm_jobs_running") == running >= 1
         assert value(samples, "slurm_user_jobs_running", username="bob") == 1
         assert value(samples, "slurm_user_jobs_gpus_alloc", username="bob") == 3
@@ -163,7 +163,7 @@ def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(c
 def test_a_drained_node_shows_with_its_reason_and_comes_back(cluster):
     ctl, node = cluster["ctl"], cluster["gpu2"]
     reason = "hpcobs verify: GPU 2 XID 79"
-    ctl.check_output("scontrol update nodename=%s state=drain reason='%s'", node, reason)
+    ctl.check_output("scontrol update nodename=%s state=drain reason=%s", node, reason)
     try:
         assert reason in ctl.check_output("sinfo -h -R -n %s -o %%E", node)
 
