@@ -11,8 +11,7 @@ from the directory in HPCOBS_SLURM_REPLAY_DIR, for exactly the invocations the s
 
 Anything else is refused as the real commands refuse what they do not know (exit 1, a message on stderr), so a
 collector that started calling something new fails here instead of being fed invented output. Installed as
-`scontrol` and `sdiag` (it looks at the name it was called by). It lives with the grafana scenario, not under
-molecule/standins/ (those are bundle components).
+`scontrol` and `sdiag` (it looks at the name it was called by).
 """
 import os
 import sys
