@@ -20,8 +20,8 @@ PORT = 9341
 UNIT = "hpcobs-slurm-metrics.service"
 TIMEOUT = 60
 REPO = Path(__file__).resolve().parents[3]
-# The raw command output of each cluster is kept here: tests/data/slurm/<version>/ holds a copy of it, which the unit
-# tests (tests/test_slurm_metrics.py) render and compare with sinfo's and squeue's view of the same moment.
+# The raw command output of each cluster is kept here, with sinfo's and squeue's view of the same moment: the
+# material for unit tests of the collector against real output (tests/data/slurm/<version>/).
 CAPTURE_DIR = Path(os.environ.get("HPCOBS_SLURM_CAPTURE_DIR", REPO / ".cache" / "slurm-capture"))
 COLLECTOR_COMMANDS = {
     "nodes": "scontrol --oneliner show node",
