@@ -19,7 +19,7 @@ MARKER = "# ---- Reference: every setting of the roles on this group, with its d
 GROUPS = {
     "gpu_nodes": ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy",
                   "slurm_hooks"],
-    "slurm_controllers": ["node_exporter", "promtail", "alloy", "slurm_hooks"],
+    "slurm_controllers": ["node_exporter", "promtail", "alloy", "slurm_hooks", "slurm_metrics"],
     "management": ["node_exporter", "victoriametrics", "alertmanager", "vmalert", "loki", "grafana", "promtail", "alloy"],
 }
 # Roles documented in full in one group only; elsewhere a pointer is enough.

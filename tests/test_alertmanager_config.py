@@ -52,6 +52,12 @@ INVENTORY = {"all": {"children": {
 ROUTES = [
     ("alertname=HpcobsGpuEccUncorrectable severity=critical audience=oncall node=gpu01 gpu=0 account=physics",
      "oncall"),
+    # a fault killing a job pages on-call and tells the job's team; no job, or an account without a team: on-call
+    ("alertname=HpcobsGpuXidCritical severity=critical audience=oncall node=gpu01 gpu=1 hpc_job=7 account=chemistry",
+     "oncall,chem-team"),
+    ("alertname=HpcobsGpuXidCritical severity=critical audience=oncall node=gpu01 gpu=1 hpc_job=8 account=geology",
+     "oncall"),
+    ("alertname=HpcobsGpuXidCritical severity=critical audience=oncall node=gpu01 gpu=1", "oncall"),
     ("alertname=HpcobsGpuHungJob audience=team account=physics hpc_job=1", "physics-team"),
     ("alertname=HpcobsGpuHungJob audience=team account=astro hpc_job=2", "physics-team"),
     ("alertname=HpcobsGpuHungJob audience=team account=chemistry hpc_job=3", "chem-team"),
@@ -128,6 +134,11 @@ def test_one_bad_gpu_is_one_oncall_notification_and_team_alerts_go_per_job(rende
     team = next(r for r in routes if r["matchers"] == ['audience="team"'])
     assert oncall["group_by"] == ["alertname", "node", "gpu"]
     assert team["group_by"] == ["alertname", "account", "hpc_job"]
+    # the same fault also reaches the job's team, grouped per job: one notification each
+    assert oncall["continue"] is True
+    told = [r for r in routes if r["matchers"][:2] == ['audience="oncall"', 'hpc_job!=""']]
+    assert {r["receiver"] for r in told} == {"physics-team", "chem-team"} and len(told) == 4
+    assert all(r["group_by"] == ["alertname", "account", "hpc_job"] and "continue" not in r for r in told)
 
 
 def test_a_cluster_host_peers_with_every_other_host(rendered):

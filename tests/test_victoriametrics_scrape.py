@@ -32,7 +32,7 @@ OVERRIDES = {
     "ipmi": {"enabled": False},
     "dcgm": {"hosts": ["gpu-spare01.cluster.example"]},
     "grafana": {"scheme": "https", "config": {"tls_config": {"insecure_skip_verify": False}}},
-    "slurm": {"port": 8080, "groups": ["slurm_controllers"], "scrape_interval": "1m", "metrics_path": "/slurm/metrics"},
+    "sitejob": {"port": 8080, "groups": ["slurm_controllers"], "scrape_interval": "1m", "metrics_path": "/x/metrics"},
     "nothere": {"port": 1234, "groups": ["no_such_group"]},
 }
 
@@ -79,7 +79,7 @@ def targets(rendered: Path, job: str) -> list[dict]:
 def test_one_target_file_per_enabled_job(rendered):
     names = sorted(p.stem for p in (rendered / "file_sd").glob("*.json"))
     assert names == sorted(["node", "dcgm", "smartctl", "victoriametrics", "vmalert", "alertmanager", "loki",
-                            "grafana", "slurm", "nothere"])
+                            "grafana", "slurm", "sitejob", "nothere"])
 
 
 def test_every_target_carries_its_short_host_name(rendered):
@@ -119,11 +119,11 @@ def test_scrape_config_points_at_the_target_files(rendered):
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert "ipmi" not in jobs
     # a component the site does not deploy is not scraped; a site's own job (no component) always is
-    assert "promtail" not in jobs and "slurm" in jobs
+    assert "promtail" not in jobs and "sitejob" in jobs
     for name, job in jobs.items():
         assert job["file_sd_configs"] == [{"files": [str(rendered / "file_sd" / ("%s.json" % name))]}]
         assert "static_configs" not in job
-    assert jobs["slurm"]["scrape_interval"] == "1m" and jobs["slurm"]["metrics_path"] == "/slurm/metrics"
+    assert jobs["sitejob"]["scrape_interval"] == "1m" and jobs["sitejob"]["metrics_path"] == "/x/metrics"
     assert jobs["grafana"]["scheme"] == "https"
     assert jobs["grafana"]["tls_config"] == {"insecure_skip_verify": False}
 

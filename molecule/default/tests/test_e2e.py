@@ -158,10 +158,13 @@ def test_ecc_double_bit_error_pages_oncall_once_with_the_job(e2e):
     assert labels["severity"] == "critical" and labels["audience"] == "oncall"
     assert delivered[0][1]["annotations"].get("runbook")
     assert delay <= bound, "notified after %.1fs; bound for + 2 scrapes + eval + group_wait = %ss" % (delay, bound)
-    # exactly one notification for that alert, only to on-call (give a second one the chance to arrive)
+    # exactly one notification to on-call, and one to the team of the job's account (physics) naming the job; no
+    # other (give a second one the chance to arrive)
     time.sleep(2 * (EVAL + GROUP_WAIT))
-    assert len(e2e.alerts("HpcobsGpuEccUncorrectable", status="firing")) == 1
     assert len(e2e.alerts("HpcobsGpuEccUncorrectable", "/oncall", "firing")) == 1
+    told = e2e.alerts("HpcobsGpuEccUncorrectable", "/physics-team", "firing")
+    assert len(told) == 1 and told[0][1]["labels"]["hpc_job"] == job["id"], told
+    assert len(e2e.alerts("HpcobsGpuEccUncorrectable", status="firing")) == 2
 
 
 def test_clearing_the_fault_and_ending_the_job_resolves_and_cleans_up(e2e):

@@ -80,6 +80,8 @@ def test_secrets_are_files_never_inline(host):
 @pytest.mark.parametrize("labels,receiver", [
     ("alertname=HpcobsGpuEccUncorrectable severity=critical audience=oncall node=gpu01 gpu=0 account=physics",
      "oncall"),
+    ("alertname=HpcobsGpuEccUncorrectable severity=critical audience=oncall node=gpu01 gpu=0 account=physics "
+     "hpc_job=11", "oncall,physics-team"),
     ("alertname=HpcobsGpuHungJob severity=warning audience=team account=physics hpc_job=12", "physics-team"),
     ("alertname=HpcobsGpuHungJob severity=warning audience=team account=biology hpc_job=13", "teams"),
     ("alertname=HpcobsGpuHungJob severity=warning audience=team hpc_job=14", "teams"),

@@ -161,8 +161,17 @@ def test_uncorrectable_ecc_pages_oncall_exactly_once(faults):
     assert annotations["summary"] and annotations["runbook"]
     # the on-call URL (with its token) came from the secret file
     assert sent[0]["query"] == "token=e2e-oncall-token-7f3a"
-    # a page is no team or ops business
-    assert not [e for e in notifications() if e["path"] != "/oncall"
+    # the job the fault killed is its team's business too: one notification to physics-team, naming the job
+    told = wait_for("the physics-team notification for job 4001", lambda: matching(
+        "/physics-team", "HpcobsGpuEccUncorrectable", hpc_job="4001"), DELIVERY_TIMEOUT)
+    settle_after(told[0])
+    told = matching("/physics-team", "HpcobsGpuEccUncorrectable", hpc_job="4001")
+    assert len(told) == 1, "physics-team got %d notifications:\n%s" % (len(told), described(told))
+    assert told[0]["body"]["receiver"] == "physics-team"
+    assert [(a["labels"]["hpc_job"], a["labels"]["node"], a["labels"]["gpu"], a["labels"]["user"])
+            for a in told[0]["body"]["alerts"]] == [("4001", "gpu-e2e01", "0", "alice")]
+    # and nobody else's: no ops or fallback notification for it
+    assert not [e for e in notifications() if e["path"] not in ("/oncall", "/physics-team")
                 and e["body"].get("groupLabels", {}).get("alertname") == "HpcobsGpuEccUncorrectable"]
 
 
@@ -175,6 +184,14 @@ def test_shared_gpu_is_one_notification_naming_both_jobs(faults):
     alerts = sent[0]["body"]["alerts"]
     assert sorted((a["labels"]["hpc_job"], a["labels"]["user"], a["labels"]["account"]) for a in alerts) == [
         ("4002", "bob", "chemistry"), ("4003", "carol", "physics")]
+    # physics has a team: it hears of its job 4003 once; chemistry has none here, so on-call alone has job 4002
+    told = wait_for("the physics-team notification for job 4003", lambda: matching(
+        "/physics-team", "HpcobsGpuEccUncorrectable", hpc_job="4003"), DELIVERY_TIMEOUT)
+    settle_after(told[0])
+    told = matching("/physics-team", "HpcobsGpuEccUncorrectable", hpc_job="4003")
+    assert len(told) == 1 and [a["labels"]["hpc_job"] for a in told[0]["body"]["alerts"]] == ["4003"], described(told)
+    assert not [e for e in notifications() if e["path"] != "/oncall" and any(
+        a["labels"].get("hpc_job") == "4002" for a in e["body"].get("alerts", []))]
 
 
 def test_hung_job_goes_to_its_team_not_oncall(faults):

@@ -1,0 +1,200 @@
+"""Verify the slurm_metrics collector on the real controllers of both lab clusters (Slurm 22.05 and 24.11).
+
+The collector (hpcobs-slurm-metrics, port 9341, every 5 s in this scenario) serves the names of Slurm's
+metrics/openmetrics plugin. Each check compares what it serves with what Slurm itself says at the same time
+(sinfo, squeue, scontrol), for a job that holds GPUs and for a node drained with a reason.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import testinfra
+from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
+from polling import wait_for
+
+CLUSTERS = ["d12", "d13"]
+PORT = 9341
+UNIT = "hpcobs-slurm-metrics.service"
+TIMEOUT = 60
+REPO = Path(__file__).resolve().parents[3]
+# The raw command output of each cluster is kept here, with sinfo's and squeue's view of the same moment: the
+# material for unit tests of the collector against real output (tests/data/slurm/<version>/).
+CAPTURE_DIR = Path(os.environ.get("HPCOBS_SLURM_CAPTURE_DIR", REPO / ".cache" / "slurm-capture"))
+COLLECTOR_COMMANDS = {
+    "nodes": "scontrol --oneliner show node",
+    "partitions": "scontrol --oneliner show partition",
+    "jobs": "scontrol --oneliner show job",
+    "sdiag": "sdiag",
+    "ping": "scontrol ping",
+    # Slurm's own views of the same moment, for the unit tests' expectations
+    "sinfo": "sinfo -h -N -o '%N|%T|%G|%E'",
+    "squeue": "squeue -h -t all -o '%i|%T|%u|%a|%P|%b|%C|%D'",
+    "version": "scontrol -V",
+}
+
+
+def podman(name):
+    return testinfra.get_host("podman://%s" % name)
+
+
+def metrics(ctl):
+    text = ctl.check_output(
+        "python3 -c \"import urllib.request,sys;"
+        "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:%d/metrics', timeout=10).read().decode())\"" % PORT)
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
+        assert match, "not an exposition line: %r" % line
+        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or "")))
+        samples[(match.group(1), labels)] = float(match.group(3))
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture(scope="module", params=CLUSTERS)
+def cluster(request):
+    name = request.param
+    return {"name": name, "ctl": podman("slurm-%s-ctl" % name), "gpu1": "slurm-%s-gpu1" % name,
+            "gpu2": "slurm-%s-gpu2" % name}
+
+
+def submit(ctl, user, account, gpus, node):
+    return ctl.check_output(
+        "runuser -u %s -- sbatch --parsable --job-name=hpcobs-metrics --account=%s --gres=%s --nodelist=%s "
+        "--ntasks=1 --cpus-per-task=1 --chdir=/tmp --output=/dev/null --wrap='sleep 600'",
+        user, account, "gpu:%d" % gpus, node).strip().split(";")[0]
+
+
+def job_state(ctl, job):
+    return ctl.run("squeue -h -j %s -o %%T", job).stdout.strip()
+
+
+def test_capture_command_output_with_running_pending_and_drained(cluster):
+    """Run the collector's commands as its own user while a job runs, one waits and a node is drained; keep the
+    output (and sinfo's/squeue's view) for the unit tests."""
+    ctl = cluster["ctl"]
+    running = submit(ctl, "alice", "physics", 3, cluster["gpu1"])
+    waiting = submit(ctl, "bob", "chemistry", 2, cluster["gpu1"])
+    reason = "hpcobs capture: GPU 1 XID 79"
+    ctl.check_output("scontrol update nodename=%s state=drain reason=%s", cluster["gpu2"], reason)
+    try:
+        wait_for("job %s running" % running, lambda: job_state(ctl, running) == "RUNNING", TIMEOUT, interval=0.5)
+        wait_for("job %s pending" % waiting, lambda: job_state(ctl, waiting) == "PENDING", TIMEOUT, interval=0.5)
+        out = CAPTURE_DIR / cluster["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        for key, command in COLLECTOR_COMMANDS.items():
+            result = ctl.run("runuser -u hpcobs-slurm-metrics -- %s" % command)
+            assert result.rc == 0 or key == "ping", (command, result.stderr)
+            (out / ("%s.txt" % key)).write_text(result.stdout)
+        assert "gres/gpu=3" in (out / "jobs.txt").read_text()
+        assert reason in (out / "sinfo.txt").read_text()
+    finally:
+        ctl.run("scancel %s %s", running, waiting)
+        ctl.run("scontrol update nodename=%s state=resume", cluster["gpu2"])
+    for job in (running, waiting):
+        wait_for("job %s gone" % job, lambda: job_state(ctl, job) == "", TIMEOUT, interval=0.5)
+
+
+def test_collector_runs_unprivileged_and_hardened(cluster):
+    ctl = cluster["ctl"]
+    assert_runs_as_its_own_user(ctl, UNIT, "hpcobs-slurm-metrics")
+    argv = cmdline(ctl, UNIT)
+    assert argv[1].endswith("/hpcobs-slurm-metrics") and "serve" in argv and "--mode=full" in argv
+    for prop, wanted in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+                         ("PrivateTmp", "yes"), ("CapabilityBoundingSet", "")]:
+        assert unit_property(ctl, UNIT, prop) == wanted, prop
+    # GPU nodes get no collector
+    assert not podman(cluster["gpu1"]).file("/etc/systemd/system/" + UNIT).exists
+
+
+def test_every_command_works_and_the_cluster_is_described(cluster):
+    ctl = cluster["ctl"]
+    samples = metrics(ctl)
+    for command in ["nodes", "partitions", "jobs", "sdiag", "ping"]:
+        assert value(samples, "hpcobs_slurm_collector_success", command=command) == 1, command
+    assert value(samples, "slurm_nodes") == 2
+    assert value(samples, "slurm_partitions") == 1
+    for node in (cluster["gpu1"], cluster["gpu2"]):
+        assert value(samples, "slurm_node_gpus", node=node) == 4
+        cpus = int(ctl.check_output("sinfo -h -N -n %s -o %%c", node).split()[0])
+        assert value(samples, "slurm_node_cpus", node=node) == cpus
+    assert value(samples, "slurm_partition_gpus", partition="gpu") == 8
+    assert value(samples, "slurm_partition_nodes", partition="gpu") == 2
+    controller = "slurm-%s-ctl" % cluster["name"]
+    assert value(samples, "hpcobs_slurm_controller_up", controller=controller, role="primary") == 1
+    # sdiag's scheduler statistics (main cycles run at least at every submission and every minute)
+    assert value(samples, "slurm_server_thread_cnt") >= 1
+    assert value(samples, "slurm_schedule_cycle_cnt") is not None
+
+
+def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(cluster):
+    ctl = cluster["ctl"]
+    job = submit(ctl, "bob", "chemistry", 3, cluster["gpu1"])
+    try:
+        wait_for("job %s running" % job, lambda: job_state(ctl, job) == "RUNNING", TIMEOUT, interval=0.5)
+
+        def counted():
+            samples = metrics(ctl)
+            return samples if value(samples, "slurm_account_jobs_gpus_alloc", account="chemistry") == 3 else None
+        samples = wait_for("the collector counting job %s" % job, counted, TIMEOUT, interval=1)
+        running = len(ctl.check_output("squeue -h -t RUNNING -o %i").split())
+        assert value(samples, "slurm_jobs_running") == running >= 1
+        assert value(samples, "slurm_user_jobs_running", username="bob") == 1
+        assert value(samples, "slurm_user_jobs_gpus_alloc", username="bob") == 3
+        assert value(samples, "slurm_node_gpus_alloc", node=cluster["gpu1"]) == 3
+        assert value(samples, "slurm_partition_jobs_gpus_alloc", partition="gpu") == 3
+        assert value(samples, "slurm_jobs_gpus_alloc") == 3
+        assert value(samples, "hpcobs_slurm_node_state_info", node=cluster["gpu1"], state="mixed", reason="") == 1
+    finally:
+        ctl.run("scancel %s", job)
+    wait_for("job %s gone" % job, lambda: job_state(ctl, job) == "", TIMEOUT, interval=0.5)
+    wait_for("GPUs of job %s released in the metrics" % job,
+             lambda: value(metrics(ctl), "slurm_node_gpus_alloc", node=cluster["gpu1"]) == 0, TIMEOUT, interval=1)
+
+
+def test_a_drained_node_shows_with_its_reason_and_comes_back(cluster):
+    ctl, node = cluster["ctl"], cluster["gpu2"]
+    reason = "hpcobs verify: GPU 2 XID 79"
+    ctl.check_output("scontrol update nodename=%s state=drain reason=%s", node, reason)
+    try:
+        assert reason in ctl.check_output("sinfo -h -R -n %s -o %%E", node)
+
+        def drained():
+            samples = metrics(ctl)
+            return samples if value(samples, "hpcobs_slurm_node_state_info", node=node, state="drained",
+                                    reason=reason) == 1 else None
+        samples = wait_for("%s drained in the metrics" % node, drained, TIMEOUT, interval=1)
+        assert value(samples, "slurm_nodes_drain") == 1
+        assert value(samples, "slurm_nodes_drained") == 1
+        assert value(samples, "slurm_nodes_idle") == 2  # Slurm keeps the base state: IDLE+DRAIN
+        assert value(samples, "slurm_partition_nodes_drained", partition="gpu") == 1
+        # one state series per node: the old one is gone
+        assert [k for k in samples if k[0] == "hpcobs_slurm_node_state_info" and ("node", node) in k[1]] == [
+            ("hpcobs_slurm_node_state_info", (("node", node), ("reason", reason), ("state", "drained")))]
+    finally:
+        ctl.run("scontrol update nodename=%s state=resume", node)
+    wait_for("%s idle again in the metrics" % node,
+             lambda: value(metrics(ctl), "hpcobs_slurm_node_state_info", node=node, state="idle", reason="") == 1,
+             TIMEOUT, interval=1)
+    assert value(metrics(ctl), "slurm_nodes_drain") == 0
+
+
+def test_jobstats_and_report_are_installed_and_configured(cluster):
+    ctl = cluster["ctl"]
+    conf = ctl.file("/etc/hpcobs/jobstats.conf")
+    # no management host in this scenario: the default falls back to the controller itself
+    assert conf.mode == 0o644 and "url = http://127.0.0.1:8428" in conf.content_string
+    for tool in ("hpcobs-jobstats", "hpcobs-report"):
+        assert ctl.file("/usr/local/bin/%s" % tool).mode == 0o755
+    # any user may run it; without a VictoriaMetrics there it says so (exit 1), naming the configured URL
+    result = ctl.run("runuser -u alice -- hpcobs-jobstats 1")
+    assert result.rc == 1 and "VictoriaMetrics at http://127.0.0.1:8428" in result.stderr, result.stderr
+    assert ctl.run("runuser -u alice -- hpcobs-report --help").rc == 0
