@@ -1,11 +1,16 @@
-"""What the STAND-INS of molecule/standins share (tests only; none of them is the real program): Go flag syntax,
-durations, logfmt logging, the configuration file (yaml.safe_load: python3-yaml is in the test images) and the strict
-decoding that Loki and Promtail do (Go yaml.v2 UnmarshalStrict into their config structs), with its wording:
-"field X not found in type T", "cannot unmarshal !!str `x` into int"."""
+"""What the STAND-INS of molecule/standins share (tests only; none is the real program): Go flags and durations,
+logging, the configuration file (yaml.safe_load: python3-yaml is in the test images), an HTTP server, and the strict
+decoding Loki and Promtail do (Go yaml.v2 UnmarshalStrict into their config structs) with its wording: "field X not
+found in type T", "cannot unmarshal !!str `x` into int"."""
 import json
 import os
 import re
+import signal
+import socket
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
@@ -126,3 +131,48 @@ def _decode_value(errors, item, kind, where, blocks, names):
           "f": not isinstance(item, (int, float)) or isinstance(item, bool), "b": not isinstance(item, bool),
           "d": not isinstance(item, int) or isinstance(item, bool), "l": isinstance(item, dict)}[kind]:
         errors.append("cannot unmarshal %s `%s` into %s" % (_tag(item), item, _GO[kind]))
+
+
+def serve(address, port, get, post=None, stop=None):
+    """Serve HTTP until SIGTERM or SIGINT (then stop() runs first). get(path, query, headers) and
+    post(path, headers, body) answer (status, body[, content type]); a body that is not a string is sent as JSON."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def answer(self, status, body, kind="text/plain"):
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", kind if isinstance(body, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            url = urlsplit(self.path)
+            self.answer(*get(url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}, self.headers))
+
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.answer(*(post or (lambda *_: (404, "404 page not found\n")))(urlsplit(self.path).path, self.headers,
+                                                                              body))
+
+    httpd = ThreadingHTTPServer((address, port), Handler)
+
+    def on_signal(*_):
+        if stop:
+            stop()
+        threading.Thread(target=httpd.shutdown).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    httpd.serve_forever()
+
+
+def hold_port(address, port):
+    """Listen on a port without speaking its protocol (the gRPC ports); port 0 picks a free one."""
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.listen(16)
+    return sock
