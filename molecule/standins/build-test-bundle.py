@@ -1,35 +1,25 @@
 #!/usr/bin/env python3
 """Make the test bundle: a copy of a real bundle plus STAND-INS for components that cannot be had here.
 
-Grafana, Loki and Promtail have no Debian package and their release hosts are unreachable from the test machines,
-so a bundle built from the local mirror lacks them. For the Molecule scenarios this script packs the stand-ins of
-molecule/standins/<component>/ in the archive layout files/artifacts.yml describes for that component and adds them
-to a copy of the bundle (files are hard-linked, manifest.json and SHA256SUMS are rewritten), so the roles install
-them through their real code path: artifact verification, unpacking, copy, unit, config validation, readiness.
-
-Manifest entries of stand-ins carry "standin": true. A component that the source bundle already has (a real
-binary, e.g. from a bundle built on a connected machine) is never replaced.
-
-Stand-in layout, molecule/standins/<component>/:
-    <installed name>   one file per binary of files/artifacts.yml (e.g. loki), packed at its path in the archive
-    tree/              optional: the rest of the archive root (install_tree components such as Grafana)
-    MODULES            optional: Python files (paths relative to the repository, "<path> as <module>.py" to name
-                       one) the stand-in imports; the binary
-                       is then packed as a zip application (shebang + zip: __main__.py and those modules), so one
-                       file still installs as the binary and code shared with a role is not copied
+Each molecule/standins/<component>/ holds one file per binary of files/artifacts.yml (packed at its path in the
+upstream archive layout), optionally tree/ (the rest of the archive root, e.g. Grafana's) and MODULES (repository
+paths, "<path> as <module>.py" to rename, of Python modules the stand-in imports: the binary is then a zip
+application of __main__.py and those modules). The archives are added to a hard-linked copy of the bundle, with
+"standin": true in manifest.json, so the roles install them through their real code path; a component the source
+bundle has for real is never replaced. SHA256SUMS is rewritten and signed with the local throw-away key
+(.cache/signing/bundle-key, made by scripts/bundle.sh local).
 
     build-test-bundle.py --from .cache/bundle-local/bundle --to .cache/bundle-test/bundle [--key KEY]
-
-The rewritten SHA256SUMS is signed with the local throw-away key (.cache/signing/bundle-key, made by
-scripts/bundle.sh local), so the tests run with signature verification on.
 """
 import argparse
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -40,86 +30,53 @@ import yaml  # noqa: E402
 from build import pack, sha256_file  # noqa: E402  (the local mirror's reproducible packer)
 
 
-def standin_members(component, spec, version, arch):
-    source = os.path.join(HERE, component)
-    fmt = {"version": version, "arch": arch}
+def modules(component):
+    """[(path, module file name)] of a stand-in's MODULES."""
+    listing = os.path.join(HERE, component, "MODULES")
+    lines = open(listing, encoding="utf-8").read().splitlines() if os.path.exists(listing) else []
+    items = [line.split("#")[0].strip().partition(" as ") for line in lines if line.split("#")[0].strip()]
+    return [(os.path.join(ROOT, path.strip()), name.strip() or os.path.basename(path.strip())) for path, _, name in items]
+
+
+def members(component, spec, fmt):
     root = spec.get("archive_root", "").format(**fmt)
-    members = []
-    tree = os.path.join(source, "tree")
-    if os.path.isdir(tree):
-        for base, _, files in os.walk(tree):
-            for name in sorted(files):
-                path = os.path.join(base, name)
-                rel = os.path.relpath(path, tree)
-                with open(path, "rb") as handle:
-                    data = handle.read()
-                mode = 0o755 if os.access(path, os.X_OK) else 0o644
-                members.append(("%s/%s" % (root, rel) if root else rel, data, mode))
-    modules_list = os.path.join(source, "MODULES")
+    out = []
+    for base, _, files in os.walk(os.path.join(HERE, component, "tree")):
+        for name in sorted(files):
+            path = os.path.join(base, name)
+            with open(path, "rb") as handle:
+                out.append((os.path.relpath(path, os.path.join(HERE, component, "tree")), handle.read(),
+                            0o755 if os.access(path, os.X_OK) else 0o644))
     for installed, inner in spec["binaries"].items():
-        path = os.path.join(source, installed)
-        with open(path, "rb") as handle:
+        with open(os.path.join(HERE, component, installed), "rb") as handle:
             data = handle.read()
-        if os.path.exists(modules_list):
-            data = zipapp(data, modules_list)
-        inner = inner.format(**fmt)
-        members.append(("%s/%s" % (root, inner) if root else inner, data, 0o755))
-    note = ("STAND-IN: this is not %s. It is hpcobs' test stand-in (molecule/standins/%s), packed in the layout\n"
-            "of the upstream release so the role's real install path can be tested where the real binary cannot be\n"
-            "had.\n" % (component, component)).encode()
-    members.append(("%s/STAND-IN.txt" % root if root else "STAND-IN.txt", note, 0o644))
-    return members
-
-
-def zipapp(main, modules_list):
-    """A reproducible Python zip application: the stand-in as __main__.py plus the modules MODULES names."""
-    import io
-    import zipfile
-    members = [("__main__.py", main)]
-    with open(modules_list, encoding="utf-8") as handle:
-        for line in handle:
-            rel, _, name = line.split("#")[0].strip().partition(" as ")
-            if rel:
-                with open(os.path.join(ROOT, rel.strip()), "rb") as module:
-                    members.append((name.strip() or os.path.basename(rel.strip()), module.read()))
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in members:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            archive.writestr(info, data)
-    return b"#!/usr/bin/env python3\n" + buffer.getvalue()
-
-
-def link_tree(src, dst):
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
-    for base, dirs, files in os.walk(src):
-        rel = os.path.relpath(base, src)
-        os.makedirs(os.path.join(dst, rel), exist_ok=True)
-        for name in files:
-            if rel == "." and name in ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig"):
-                continue
-            os.link(os.path.join(base, name), os.path.join(dst, rel, name))
+        if modules(component):  # a reproducible zip application
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                for name, content in [("__main__.py", data)] + [(n, open(p, "rb").read()) for p, n in
+                                                                 modules(component)]:
+                    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                    info.external_attr, info.compress_type = 0o644 << 16, zipfile.ZIP_DEFLATED
+                    archive.writestr(info, content)
+            data = b"#!/usr/bin/env python3\n" + buffer.getvalue()
+        out.append((inner.format(**fmt), data, 0o755))
+    out.append(("STAND-IN.txt", ("STAND-IN: this is not %s. It is hpcobs' test stand-in (molecule/standins/%s), packed "
+                                 "in the layout of the upstream release.\n" % (component, component)).encode(), 0o644))
+    return [("%s/%s" % (root, name) if root else name, data, mode) for name, data, mode in out]
 
 
 def inputs_key(src, key):
     """What the test bundle depends on: the source manifest, the catalog, this script and every stand-in file."""
-    digest = hashlib.sha256()
-    paths = [os.path.join(src, "manifest.json"), os.path.join(ROOT, "files", "artifacts.yml"), os.path.abspath(__file__),
-             key + ".pub"]
+    paths = [os.path.join(src, "manifest.json"), os.path.join(ROOT, "files", "artifacts.yml"),
+             os.path.abspath(__file__), key + ".pub"]
     for base, dirs, files in os.walk(HERE):
         dirs.sort()
-        paths += [os.path.join(base, name) for name in sorted(files) if not name.endswith(".pyc")]
-        if "MODULES" in files:
-            with open(os.path.join(base, "MODULES"), encoding="utf-8") as handle:
-                paths += [os.path.join(ROOT, line.split("#")[0].partition(" as ")[0].strip()) for line in handle
-                          if line.split("#")[0].strip()]
+        paths += [os.path.join(base, n) for n in sorted(files) if not n.endswith(".pyc")]
+        paths += [path for path, _ in modules(os.path.relpath(base, HERE))]
+    digest = hashlib.sha256()
     for path in paths:
-        digest.update(path.encode())
         with open(path, "rb") as handle:
-            digest.update(handle.read())
+            digest.update(path.encode() + handle.read())
     return digest.hexdigest()
 
 
@@ -131,63 +88,48 @@ def main():
                         help="signing key of the test bundle")
     args = parser.parse_args()
     src, dst = os.path.abspath(args.src), os.path.abspath(args.dst)
-    key = inputs_key(src, args.key)
-    stamp = os.path.join(os.path.dirname(dst), ".hpcobs-test-bundle-key")
-    if os.path.exists(os.path.join(dst, "manifest.json")) and os.path.exists(stamp):
-        with open(stamp, encoding="utf-8") as handle:
-            if handle.read().strip() == key:
-                print("stand-in: test bundle %s is up to date" % dst)
-                return 0
+    key, stamp = inputs_key(src, args.key), os.path.join(os.path.dirname(dst), ".hpcobs-test-bundle-key")
+    if os.path.exists(os.path.join(dst, "manifest.json")) and os.path.exists(stamp) and \
+            open(stamp, encoding="utf-8").read().strip() == key:
+        return print("stand-in: test bundle %s is up to date" % dst)
     with open(os.path.join(src, "manifest.json"), encoding="utf-8") as handle:
         manifest = json.load(handle)
     with open(os.path.join(ROOT, "files", "artifacts.yml"), encoding="utf-8") as handle:
         catalog = yaml.safe_load(handle)
     tmp = dst + ".new"
-    link_tree(src, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=os.link, ignore=lambda d, names: [
+        n for n in names if d == src and n in ("manifest.json", "SHA256SUMS", "SHA256SUMS.sig")])
     added = []
-    for component in sorted(os.listdir(HERE)):
-        if not os.path.isdir(os.path.join(HERE, component)) or component.startswith(("_", ".")):
-            continue
+    for component in sorted(c for c in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, c)) and c[0] not in "_."):
         if component in manifest["components"]:
             print("stand-in: %s is in the bundle for real, not replaced" % component)
             continue
-        spec = catalog["components"][component]
-        version = str(spec["version"])
-        files = {}
+        spec, files = catalog["components"][component], {}
         for arch in manifest.get("archs", catalog["archs"]):
-            fmt = {"version": version, "arch": arch}
-            filename = spec["url"].format(**fmt).rsplit("/", 1)[-1]
-            path = "artifacts/%s/%s/%s" % (component, version, filename)
-            pack(os.path.join(tmp, path), standin_members(component, spec, version, arch))
-            files[arch] = {
-                "path": path,
-                "sha256": sha256_file(os.path.join(tmp, path)),
-                "upstream_url": "",
-                "archive_root": spec.get("archive_root", "").format(**fmt),
-                "binaries": {k: v.format(**fmt) for k, v in sorted(spec["binaries"].items())},
-                "install_tree": bool(spec.get("install_tree", False)),
-                "standin": True,
-            }
-        manifest["components"][component] = {"version": version, "files": files, "standin": True}
+            fmt = {"version": str(spec["version"]), "arch": arch}
+            path = "artifacts/%s/%s/%s" % (component, fmt["version"], spec["url"].format(**fmt).rsplit("/", 1)[-1])
+            pack(os.path.join(tmp, path), members(component, spec, fmt))
+            files[arch] = {"path": path, "sha256": sha256_file(os.path.join(tmp, path)), "upstream_url": "",
+                           "archive_root": spec.get("archive_root", "").format(**fmt),
+                           "binaries": {k: v.format(**fmt) for k, v in sorted(spec["binaries"].items())},
+                           "install_tree": bool(spec.get("install_tree", False)), "standin": True}
+        manifest["components"][component] = {"version": str(spec["version"]), "files": files, "standin": True}
         manifest["missing"] = [m for m in manifest.get("missing", []) if m.get("component") != component]
         added.append(component)
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     with open(os.path.join(tmp, "manifest.json"), "wb") as handle:
         handle.write(data)
-    lines = []
-    for entry in manifest["components"].values():
-        for item in entry["files"].values():
-            lines.append((item["path"], item["sha256"]))
-    for section in ("dashboards", "collections"):
-        for item in manifest.get(section, {}).values():
-            lines.append((item["path"], item["sha256"]))
-    lines.append(("manifest.json", hashlib.sha256(data).hexdigest()))
+    sums = [(item["path"], item["sha256"]) for entry in manifest["components"].values()
+            for item in entry["files"].values()]
+    sums += [(item["path"], item["sha256"]) for section in ("dashboards", "collections")
+             for item in manifest.get(section, {}).values()]
     with open(os.path.join(tmp, "SHA256SUMS"), "w", encoding="utf-8") as handle:
-        handle.writelines("%s  %s\n" % (digest, path) for path, digest in sorted(lines))
+        handle.writelines("%s  %s\n" % (digest, path) for path, digest in sorted(
+            sums + [("manifest.json", hashlib.sha256(data).hexdigest())]))
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bundle-tool.py"), "sign", tmp, "--key", args.key],
                    check=True, stdout=subprocess.DEVNULL)
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
+    shutil.rmtree(dst, ignore_errors=True)
     os.rename(tmp, dst)
     with open(stamp, "w", encoding="utf-8") as handle:
         handle.write(key + "\n")
