@@ -30,9 +30,9 @@ INVENTORY = {"all": {"children": {
         # overridden by what it decided in this run; true scrapes before slurm_metrics ran; false never does.
         "slurmctl02.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}}},
         "slurmctl03.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}},
-                                       "hpcobs_slurm_native_metrics_active": False},
+                                       "slurm_metrics_native_active": False},
         "slurmctl04.cluster.example": {"hpcobs_slurm_native_metrics": True},
-        "slurmctl05.cluster.example": {"hpcobs_slurm_native_metrics": False, "hpcobs_slurm_native_metrics_active": True,
+        "slurmctl05.cluster.example": {"hpcobs_slurm_native_metrics": False, "slurm_metrics_native_active": True,
                                        "ansible_local": {"hpcobs_slurm_metrics": {"native": True}}},
     }},
     "management": {"hosts": {"mgmt01.cluster.example": None, "mgmt02.cluster.example": {"hpcobs_address": "10.1.2.3"}}},
