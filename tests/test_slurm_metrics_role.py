@@ -38,7 +38,7 @@ def test_unit_is_hardened_and_runs_the_right_mode(tmp_path, native, mode):
     (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
     result = subprocess.run([str(beside) if beside.exists() else "ansible-playbook", "-i", "localhost,",
-                             str(tmp_path / "play.yml"), "-e", json.dumps({"hpcobs_slurm_native_metrics": native})],
+                             str(tmp_path / "play.yml"), "-e", json.dumps({"_slurm_metrics_native_on": native})],
                             capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

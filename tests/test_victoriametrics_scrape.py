@@ -24,7 +24,17 @@ GPU_NODES = ["gpu%03d.cluster.example" % i for i in range(1, 501)]
 
 INVENTORY = {"all": {"children": {
     "gpu_nodes": {"hosts": {"gpu[001:500].cluster.example": None}},
-    "slurm_controllers": {"hosts": {"slurmctl01.cluster.example": {"hpcobs_address": "fd00::5"}}},
+    "slurm_controllers": {"hosts": {
+        "slurmctl01.cluster.example": {"hpcobs_address": "fd00::5"},
+        # hpcobs_slurm_native_metrics auto (the default): what slurm_metrics recorded on the host in an earlier run,
+        # overridden by what it decided in this run; true scrapes before slurm_metrics ran; false never does.
+        "slurmctl02.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}}},
+        "slurmctl03.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}},
+                                       "slurm_metrics_native_active": False},
+        "slurmctl04.cluster.example": {"hpcobs_slurm_native_metrics": True},
+        "slurmctl05.cluster.example": {"hpcobs_slurm_native_metrics": False, "slurm_metrics_native_active": True,
+                                       "ansible_local": {"hpcobs_slurm_metrics": {"native": True}}},
+    }},
     "management": {"hosts": {"mgmt01.cluster.example": None, "mgmt02.cluster.example": {"hpcobs_address": "10.1.2.3"}}},
 }}}
 
@@ -79,12 +89,27 @@ def targets(rendered: Path, job: str) -> list[dict]:
 def test_one_target_file_per_enabled_job(rendered):
     names = sorted(p.stem for p in (rendered / "file_sd").glob("*.json"))
     assert names == sorted(["node", "dcgm", "smartctl", "victoriametrics", "vmalert", "alertmanager", "loki",
-                            "grafana", "slurm", "sitejob", "nothere"])
+                            "grafana", "slurm", "sitejob", "nothere", "slurmctld_nodes", "slurmctld_jobs",
+                            "slurmctld_partitions", "slurmctld_scheduler", "slurmctld_accounts"])
+
+
+def test_slurmctld_jobs_scrape_only_the_controllers_serving_native_metrics(rendered):
+    for job, path in [("slurmctld_nodes", "/metrics/nodes"), ("slurmctld_jobs", "/metrics/jobs"),
+                      ("slurmctld_partitions", "/metrics/partitions"), ("slurmctld_scheduler", "/metrics/scheduler"),
+                      ("slurmctld_accounts", "/metrics/jobs-users-accts")]:
+        assert targets(rendered, job) == [
+            {"targets": ["slurmctl02.cluster.example:6817"], "labels": {"node": "slurmctl02"}},
+            {"targets": ["slurmctl04.cluster.example:6817"], "labels": {"node": "slurmctl04"}}], job
+        scrape = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
+        assert scrape[job]["metrics_path"] == path
+        assert scrape[job]["scrape_interval"] == "60s" and scrape[job]["honor_labels"] is True
+    # the collector stays on every controller (all slurm_* series, or only its hpcobs_slurm_* ones)
+    assert len(targets(rendered, "slurm")) == 5
 
 
 def test_every_target_carries_its_short_host_name(rendered):
     node = targets(rendered, "node")
-    assert len(node) == 500 + 1 + 2
+    assert len(node) == 500 + 5 + 2
     for entry in node:
         assert len(entry["targets"]) == 1 and set(entry["labels"]) == {"node"}
     assert node[0] == {"targets": ["gpu001.cluster.example:9100"], "labels": {"node": "gpu001"}}
