@@ -1,7 +1,7 @@
 #!/bin/sh
 # The project's test run (make test). Sets everything up itself on a fresh Debian 12 machine (as root):
 #   1. setup (host packages, podman config, .venv), the host check (scripts/doctor.py), test images, test tools and a bundle from the local mirror
-#   2. lint: ansible-lint (production profile), yamllint
+#   2. lint: ansible-lint (production profile), yamllint, scripts/copy-check.py (tasks copied across roles)
 #   3. unit: pytest tests/
 #   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
 # Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
@@ -74,6 +74,7 @@ lint() {
   rc=0
   yamllint --strict . || rc=1
   ansible-lint --profile production --offline || rc=1
+  python3 scripts/copy-check.py || rc=1
   return $rc
 }
 
