@@ -8,8 +8,10 @@ Two measures:
 - unit_lines: lines of the unit templates (roles/*/templates/*.service.j2) that another role's unit template also
   has, after the same replacement (blank lines and comments left out).
 
-A task that only calls a shared role (import_role/include_role of a role named in `shared_roles`) is how a role
-uses the shared code, not a copy of it: it is not counted. The shared roles themselves are not compared.
+Not counted, because they hold no logic of their own: a task that only calls a shared role (import_role/include_role
+of a role named in `shared_roles`, or a handler's include_tasks of one of its task files) -- that is how a role uses
+the shared code -- and a task that only imports a task file of its own role (the tagged phase imports of every
+tasks/main.yml). The shared roles themselves are not compared. --all counts those too.
 
   scripts/copy-check.py            report, exit 1 if a count is above its ceiling
   scripts/copy-check.py --list     also name every copied task and line
@@ -29,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, ".config", "copy-check.yml")
 PLACEHOLDER = "ROLE"
 CALLS = ("import_role", "include_role", "ansible.builtin.import_role", "ansible.builtin.include_role")
+FILE_CALLS = ("import_tasks", "include_tasks", "ansible.builtin.import_tasks", "ansible.builtin.include_tasks")
 
 
 def swap_role_name(value, role):
@@ -57,11 +60,18 @@ def flatten(tasks):
 
 
 def calls_shared_role(task, shared_roles):
+    """Whether the task only calls a shared role: import/include_role of it, or (handlers cannot include a role)
+    import/include_tasks of a file under its tasks/ (e.g. "{{ role_path }}/../service/tasks/restart.yml")."""
     for key in CALLS:
         if key in task:
             args = task[key]
             name = args.get("name") if isinstance(args, dict) else args
             return name in shared_roles
+    for key in FILE_CALLS:
+        if key in task:
+            args = task[key]
+            path = str(args.get("file", "") if isinstance(args, dict) else args)
+            return any(re.search(r"(^|/)%s/tasks/[^/]+\.ya?ml$" % re.escape(role), path) for role in shared_roles)
     return False
 
 
@@ -69,7 +79,17 @@ def canonical(task, role):
     return json.dumps(swap_role_name(task, role), sort_keys=True, default=str)
 
 
-def role_tasks(roles_dir, shared_roles):
+def imports_own_file(task):
+    """Whether the task only imports one of its role's own task files (a plain relative file name)."""
+    for key in FILE_CALLS:
+        if key in task:
+            args = task[key]
+            path = str(args.get("file", "") if isinstance(args, dict) else args)
+            return re.match(r"^[A-Za-z0-9_.-]+\.ya?ml$", path) is not None
+    return False
+
+
+def role_tasks(roles_dir, shared_roles, count_calls=False):
     """{role: [(file, task name, canonical form)]} of every role but the shared ones."""
     found = collections.defaultdict(list)
     for path in sorted(glob.glob(os.path.join(roles_dir, "*", "tasks", "*.yml"))
@@ -80,7 +100,7 @@ def role_tasks(roles_dir, shared_roles):
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
         for task in flatten(data if isinstance(data, list) else []):
-            if calls_shared_role(task, shared_roles):
+            if not count_calls and (calls_shared_role(task, shared_roles) or imports_own_file(task)):
                 continue
             found[role].append((os.path.relpath(path, roles_dir), str(task.get("name", "")), canonical(task, role)))
     return found
@@ -131,8 +151,8 @@ def load_config(path):
     return config
 
 
-def measure(roles_dir, shared_roles):
-    found = role_tasks(roles_dir, set(shared_roles))
+def measure(roles_dir, shared_roles, count_calls=False):
+    found = role_tasks(roles_dir, set(shared_roles), count_calls)
     units = unit_lines(roles_dir, set(shared_roles))
     return {
         "tasks": copied_tasks(found),
@@ -148,9 +168,15 @@ def main(argv=None):
     parser.add_argument("--roles", default=os.path.join(ROOT, "roles"))
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--list", action="store_true", help="name every copied task and unit line")
+    parser.add_argument("--all", action="store_true",
+                        help="also count calls of the shared roles and imports of a role's own files (report only)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    result = measure(args.roles, config["shared_roles"])
+    result = measure(args.roles, config["shared_roles"], args.all)
+    if args.all:
+        print("copy-check: %d of %d tasks/handlers, calls and imports included" % (len(result["tasks"]),
+                                                                                  result["tasks_total"]))
+        return 0
     failed = False
     for key, total, what in (("tasks", "tasks_total", "tasks/handlers"),
                              ("unit_lines", "unit_lines_total", "unit template lines")):

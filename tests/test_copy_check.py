@@ -76,6 +76,30 @@ def test_calling_a_shared_role_is_not_a_copy_and_the_shared_role_is_not_compared
         ["alpha/tasks/main.yml", "beta/tasks/main.yml"]
 
 
+def test_a_handler_including_a_task_file_of_a_shared_role_is_a_call(tmp_path):
+    handler = "---\n- name: Restart {role}\n  ansible.builtin.include_tasks: \"{{{{ role_path }}}}/../service/tasks/" \
+              "restart.yml\"\n  vars:\n    service_unit: {role}.service\n" \
+              "- name: Local {role}\n  ansible.builtin.debug:\n    msg: {role}\n"
+    for role in ("alpha", "beta"):
+        write(tmp_path, "roles/%s/handlers/main.yml" % role, handler.format(role=role))
+    result = check.measure(str(tmp_path / "roles"), ["service"])
+    assert result["tasks_total"] == 2
+    assert sorted(name for _, name in result["tasks"]) == ["Local alpha", "Local beta"]
+
+
+def test_phase_imports_of_a_roles_own_files_are_not_copies_unless_all_is_asked(tmp_path):
+    main = "---\n- name: Preflight\n  ansible.builtin.import_tasks: preflight.yml\n  tags: [{role}, \"{role}:preflight\"]\n"
+    for role in ("alpha", "beta"):
+        write(tmp_path, "roles/%s/tasks/main.yml" % role, main.format(role=role))
+    assert check.measure(str(tmp_path / "roles"), [])["tasks"] == []
+    assert len(check.measure(str(tmp_path / "roles"), [], count_calls=True)["tasks"]) == 2
+    # a path into another role is not the role's own file
+    other = "---\n- name: Other\n  ansible.builtin.import_tasks: ../../gamma/tasks/x.yml\n"
+    for role in ("alpha", "beta"):
+        write(tmp_path, "roles/%s/tasks/other.yml" % role, other)
+    assert len(check.measure(str(tmp_path / "roles"), [])["tasks"]) == 2
+
+
 def test_unit_lines_shared_by_two_roles_count_comments_and_blanks_do_not(tmp_path):
     unit = "# {{{{ ansible_managed }}}}\n[Service]\nUser={role}\n\nNoNewPrivileges=yes\nExecStart=/bin/{role} --{own}\n"
     write(tmp_path, "roles/alpha/templates/alpha.service.j2", unit.format(role="alpha", own="a"))
