@@ -29,6 +29,7 @@ def test_probe_url_reaches_the_service_from_its_own_host(listen, url):
 
 def test_probe_url_with_tls_and_path():
     assert service.probe_url(":8428", "/health", tls=True) == "https://127.0.0.1:8428/health"
+    assert service.probe_url("[::]:3100", "") == "http://127.0.0.1:3100"
     with pytest.raises(service.AnsibleFilterError, match="must start with /"):
         service.probe_url(":8428", "health")
 
@@ -118,3 +119,28 @@ def test_unit_devices_capabilities_and_extra_directives():
     assert "StateDirectory=svc" in lines and "Requires=x.socket" in lines
     assert "After=network-online.target x.socket" in lines
     assert not [line for line in lines if line.startswith(("ProtectProc", "SystemCallFilter"))]
+
+
+@pytest.mark.parametrize("host,port,listen", [
+    ("", 9080, ":9080"), ("0.0.0.0", 9080, "0.0.0.0:9080"), ("::", 9080, "[::]:9080"), ("[::1]", 1, "[::1]:1"),
+    ("10.0.0.1", "3100", "10.0.0.1:3100"),
+])
+def test_listen_join_gives_what_the_probe_reads(host, port, listen):
+    assert service.listen_join(host, port) == listen
+    assert service.listen_problem(listen) == ""
+
+
+def test_metric_sum_adds_every_series_of_one_family_only():
+    text = "\n".join([
+        "# HELP promtail_journal_target_lines_total Total lines read.",
+        "# TYPE promtail_journal_target_lines_total counter",
+        "promtail_journal_target_lines_total 12",
+        'loki_source_journal_target_lines_total{component_id="loki.source.journal.x"} 3 1700000000000',
+        'loki_source_journal_target_lines_total{component_id="y"} 4.5e0',
+        "loki_source_journal_target_lines_total_created 1.7e9",
+        "broken_metric NaNish",
+    ])
+    assert service.metric_sum(text, "promtail_journal_target_lines_total") == 12
+    assert service.metric_sum(text, "loki_source_journal_target_lines_total") == 7.5
+    assert service.metric_sum(text, "absent_metric") == 0.0
+    assert service.metric_sum(text, "broken_metric") == 0.0

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 SERVICE = REPO / "roles" / "service"
 
 # systemd 252 (Debian 12) --offline exposure of the role's unit before the shared template, with its defaults.
-BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, "dcgm_exporter": 2.0}
+BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, "dcgm_exporter": 2.0, "promtail": 3.2,
+          "alloy": 3.3, "loki": 3.2, "victoriametrics": 3.2, "vmalert": 3.2, "alertmanager": 3.2}
 
 
 def unit_calls(role):
@@ -43,15 +44,18 @@ def rendered(tmp_path_factory):
     plays = []
     for role in CONVERTED:
         [(_, unit_vars)] = unit_calls(role)
-        variables = yaml.safe_load((SERVICE / "defaults" / "main.yml").read_text())
-        variables.update(yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()))
-        variables.update(unit_vars)
-        variables.update({"ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                          "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}})
-        role_vars = REPO / "roles" / role / "vars" / "main.yml"
+        # Later files win, as in a real run: the shared defaults, the role's defaults and vars, then what its task
+        # gives the template. Read by Ansible itself (role files may hold !unsafe values).
+        given = out / ("%s-unit-vars.yml" % role)
+        given.write_text(yaml.safe_dump(unit_vars))
+        files = [SERVICE / "defaults" / "main.yml", REPO / "roles" / role / "defaults" / "main.yml",
+                 *sorted((REPO / "roles" / role / "defaults" / "main").glob("*.yml")),
+                 REPO / "roles" / role / "vars" / "main.yml", given]
         plays.append({
             "name": "Render the unit of %s" % role, "hosts": "localhost", "connection": "local",
-            "gather_facts": False, "vars_files": [str(role_vars)] if role_vars.exists() else [], "vars": variables,
+            "gather_facts": False, "vars_files": [str(path) for path in files if path.exists()],
+            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                     "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}},
             "tasks": [{"name": "Render", "ansible.builtin.copy": {
                 "dest": str(out / ("%s.service" % role)), "mode": "0644",
                 "content": "{{ lookup('ansible.builtin.template', '%s') }}" % (SERVICE / "templates" /

@@ -48,11 +48,35 @@ def probe_host(listen):
 
 
 def probe_url(listen, path="/", tls=False):
-    """http(s)://<probe host>:<port><path> for a service listening on `listen`."""
-    if not str(path).startswith("/"):
+    """http(s)://<probe host>:<port><path> for a service listening on `listen` (path "" gives the base URL)."""
+    if path and not str(path).startswith("/"):
         raise AnsibleFilterError("probe path %r must start with /" % (path,))
     host, port = _split(listen)
     return "%s://%s:%d%s" % ("https" if tls else "http", _ANY.get(host, host), port, path)
+
+
+def listen_join(host, port):
+    """host and port as one listen address: [host]:port for an IPv6 host (brackets added once), else host:port."""
+    host = str(host)
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host
+    return "%s:%s" % (host, port)
+
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
+
+
+def metric_sum(text, name):
+    """Sum of the samples of metric `name` (any labels) in a Prometheus text exposition; 0.0 when it has none."""
+    total = 0.0
+    for line in str(text).splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and match.group("name") == name:
+            try:
+                total += float(match.group("value"))
+            except ValueError:
+                continue
+    return total
 
 
 def systemd_word(word):
@@ -69,7 +93,9 @@ class FilterModule:
     def filters(self):
         return {
             "hpcobs_listen_problem": listen_problem,
+            "hpcobs_listen_join": listen_join,
             "hpcobs_listen_port": listen_port,
+            "hpcobs_metric_sum": metric_sum,
             "hpcobs_probe_host": probe_host,
             "hpcobs_probe_url": probe_url,
             "hpcobs_systemd_word": systemd_word,
