@@ -1,7 +1,7 @@
 #!/bin/sh
 # The project's test run (make test). Sets everything up itself on a fresh Debian 12 machine (as root):
 #   1. setup (host packages, podman config, .venv), the host check (scripts/doctor.py), test images, test tools and a bundle from the local mirror
-#   2. lint: ansible-lint (production profile), yamllint
+#   2. lint: ansible-lint (production profile), yamllint, scripts/copy-check.py (tasks copied across roles)
 #   3. unit: pytest tests/
 #   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
 # Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
@@ -46,8 +46,8 @@ run_step() { # name command...
 prepare() {
   mkdir -p .cache
   # One preparation at a time on this machine (two test runs must not build the same bundle at once).
-  exec 9>.cache/prepare.lock
-  flock 9
+  exec 6>.cache/prepare.lock
+  flock 6
   scripts/setup.sh || return 1
   # What every scenario relies on (systemd containers, container DNS, ulimits, disk, memory), proved in seconds
   # before the long work; the doctor builds the debian12 test image first when it is missing.
@@ -64,7 +64,7 @@ prepare() {
   images_rc=$?
   grep -E "build-images:" .cache/logs/images.log
   grep -E "local-mirror:|MISSING|Bundle:|bundle:|stand-in" .cache/logs/bundle.log | sed 's/^ *//'
-  exec 9>&-
+  exec 6>&-
   [ $images_rc = 0 ] || { tail -30 .cache/logs/images.log; echo "images: FAILED"; }
   [ $bundle_rc = 0 ] || { tail -40 .cache/logs/bundle.log; echo "bundle: FAILED"; }
   [ $images_rc = 0 ] && [ $bundle_rc = 0 ]
@@ -74,6 +74,7 @@ lint() {
   rc=0
   yamllint --strict . || rc=1
   ansible-lint --profile production --offline || rc=1
+  python3 scripts/copy-check.py || rc=1
   return $rc
 }
 

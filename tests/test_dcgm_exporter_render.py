@@ -2,13 +2,15 @@
 
 The package and binary methods need NVIDIA's packages and GPUs, which the test machines do not have, so Molecule
 only runs the "none" method (the GPU simulator). Here the role's own templates and derived variables
-(roles/dcgm_exporter/vars/main.yml) are rendered by ansible-playbook on localhost for each method, then checked:
+(roles/dcgm_exporter/vars/main.yml; the unit is the shared roles/service template with the values the role's
+configure.yml gives it) are rendered by ansible-playbook on localhost for each method, then checked:
 flags, device access, capabilities, host engine ordering, `systemd-analyze verify` and `systemd-analyze security`,
 and the CSV is parsed by the GPU simulator's dcgm-exporter-compatible parser.
 """
 import importlib.machinery
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "dcgm_exporter"
+SERVICE = REPO / "roles" / "service"
 SIM = REPO / "roles" / "lab_gpu_simulator" / "files" / "hpcobs-gpusim"
 
 CASES = {
@@ -41,6 +44,14 @@ CASES = {
 }
 
 
+def unit_vars():
+    """The values configure.yml gives the shared unit template (its import_role of service, tasks_from unit)."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
+    calls = [task for task in tasks if (task.get("ansible.builtin.import_role") or {}).get("tasks_from") == "unit"]
+    assert len(calls) == 1, "configure.yml should write its unit through roles/service (tasks_from: unit)"
+    return calls[0]["vars"]
+
+
 def ansible_playbook():
     beside = Path(sys.executable).parent / "ansible-playbook"
     if beside.exists():
@@ -58,7 +69,9 @@ def rendered(tmp_path_factory):
     for case, overrides in CASES.items():
         (out / case).mkdir()
         # the role's defaults with the case's settings on top (vars_files would rank above play vars)
-        variables = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+        variables = yaml.safe_load((SERVICE / "defaults" / "main.yml").read_text())
+        variables.update(yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()))
+        variables.update(unit_vars())
         variables.update({
             "ansible_python_interpreter": "{{ ansible_playbook_python }}",
             # what the role sees when it runs: its path and the host's OS family
@@ -78,11 +91,12 @@ def rendered(tmp_path_factory):
                 {"name": "Render the templates",
                  "ansible.builtin.copy": {
                      "dest": "{{ _out }}/{{ item.dest }}",
-                     "content": "{{ lookup('ansible.builtin.template', role_path ~ '/templates/' ~ item.src) }}",
+                     "content": "{{ lookup('ansible.builtin.template', item.src) }}",
                      "mode": "0644"},
-                 "loop": [{"src": "dcgm_exporter.service.j2", "dest": "dcgm_exporter.service"},
-                          {"src": "hpcobs-counters.csv.j2", "dest": "hpcobs-counters.csv"},
-                          {"src": "hpcobs-dcgm-job-mapping.conf.j2", "dest": "tmpfiles.conf"}]},
+                 "loop": [{"src": str(SERVICE / "templates" / "service.service.j2"), "dest": "dcgm_exporter.service"},
+                          {"src": str(ROLE / "templates" / "hpcobs-counters.csv.j2"), "dest": "hpcobs-counters.csv"},
+                          {"src": str(ROLE / "templates" / "hpcobs-dcgm-job-mapping.conf.j2"),
+                           "dest": "tmpfiles.conf"}]},
                 {"name": "Record the derived values",
                  "ansible.builtin.copy": {
                      "dest": "{{ _out }}/derived.json",
@@ -93,8 +107,10 @@ def rendered(tmp_path_factory):
         })
     playbook = out / "render.yml"
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+    # the shared unit template's filters (a role's filter_plugins are loaded with the role; this play has none)
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(SERVICE / "filter_plugins"))
     proc = subprocess.run([ansible_playbook(), "-i", "localhost,", str(playbook)], capture_output=True, text=True,
-                          timeout=300, check=False, cwd=str(REPO))
+                          timeout=300, check=False, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 

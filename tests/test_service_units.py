@@ -1,0 +1,94 @@
+"""Every unit written through roles/service, rendered as its role configures it (role defaults, role vars, the
+values its tasks give the shared template), accepted by `systemd-analyze verify` and rated by `systemd-analyze
+security` no worse than the role's own unit template was before it moved to the shared one.
+"""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SERVICE = REPO / "roles" / "service"
+
+# systemd 252 (Debian 12) --offline exposure of the role's unit before the shared template, with its defaults.
+BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, "dcgm_exporter": 2.0, "promtail": 3.2,
+          "alloy": 3.3, "loki": 3.2, "victoriametrics": 3.2, "vmalert": 3.2, "alertmanager": 3.2}
+
+
+def unit_calls(role):
+    """[(task file, vars)] of the role's tasks that write a unit through roles/service."""
+    calls = []
+    for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            call = task.get("ansible.builtin.import_role") or {}
+            if call.get("name") == "service" and call.get("tasks_from") == "unit":
+                calls.append((path.name, task.get("vars") or {}))
+    return calls
+
+
+CONVERTED = sorted({path.parent.parent.name for path in (REPO / "roles").glob("*/tasks/*.yml")
+                    if unit_calls(path.parent.parent.name)})
+
+
+def test_the_converted_roles_are_found():
+    assert {"node_exporter"} <= set(CONVERTED)
+    assert set(CONVERTED) <= set(BEFORE), "record the score of a newly converted role's old unit in BEFORE"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("units")
+    plays = []
+    for role in CONVERTED:
+        [(_, unit_vars)] = unit_calls(role)
+        # Later files win, as in a real run: the shared defaults, the role's defaults and vars, then what its task
+        # gives the template. Read by Ansible itself (role files may hold !unsafe values).
+        given = out / ("%s-unit-vars.yml" % role)
+        given.write_text(yaml.safe_dump(unit_vars))
+        files = [SERVICE / "defaults" / "main.yml", REPO / "roles" / role / "defaults" / "main.yml",
+                 *sorted((REPO / "roles" / role / "defaults" / "main").glob("*.yml")),
+                 REPO / "roles" / role / "vars" / "main.yml", given]
+        plays.append({
+            "name": "Render the unit of %s" % role, "hosts": "localhost", "connection": "local",
+            "gather_facts": False, "vars_files": [str(path) for path in files if path.exists()],
+            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                     "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}},
+            "tasks": [{"name": "Render", "ansible.builtin.copy": {
+                "dest": str(out / ("%s.service" % role)), "mode": "0644",
+                "content": "{{ lookup('ansible.builtin.template', '%s') }}" % (SERVICE / "templates" /
+                                                                               "service.service.j2")}}],
+        })
+    playbook = out / "render.yml"
+    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
+    env = {"ANSIBLE_FILTER_PLUGINS": str(SERVICE / "filter_plugins"), "PATH": str(Path(sys.executable).parent)
+           + ":/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(out)}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(playbook)],
+                          capture_output=True, text=True, timeout=300, check=False, cwd=str(REPO), env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("role", CONVERTED)
+def test_systemd_accepts_the_unit(rendered, role, tmp_path):
+    text = (rendered / ("%s.service" % role)).read_text()
+    program = [line for line in text.splitlines() if line.startswith("ExecStart=")][0].split("=", 1)[1].split()[0]
+    path = tmp_path / ("%s.service" % role)
+    path.write_text(text.replace("ExecStart=%s " % program, "ExecStart=/bin/true ", 1))
+    proc = subprocess.run([shutil.which("systemd-analyze"), "verify", "--man=no", str(path)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "%s.service:" % role not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("role", CONVERTED)
+def test_exposure_is_no_worse_than_the_roles_own_unit_was(rendered, role):
+    proc = subprocess.run([shutil.which("systemd-analyze"), "security", "--offline=true", "--no-pager",
+                           str(rendered / ("%s.service" % role))], capture_output=True, text=True, check=False)
+    line = [x for x in proc.stdout.splitlines() if "Overall exposure level" in x]
+    assert line, proc.stdout + proc.stderr
+    score = float(line[0].split(":")[1].split()[0])
+    print("%s: exposure %.1f (before %.1f)" % (role, score, BEFORE[role]))
+    assert score <= BEFORE[role], "\n".join(proc.stdout.splitlines()[-40:])
