@@ -195,8 +195,9 @@ def raw_series(e2e, selector, start, end):
         if line.strip():
             item = json.loads(line)
             key = (item["metric"].get("node", ""), item["metric"].get("gpu", ""))
-            found.setdefault(key, []).extend(
-                sorted(zip((t / 1000.0 for t in item["timestamps"]), (float(v) for v in item["values"]))))
+            # null: a staleness marker (the series ended), which VictoriaMetrics exports as such
+            found.setdefault(key, []).extend(sorted(
+                (t / 1000.0, float(v)) for t, v in zip(item["timestamps"], item["values"]) if v is not None))
     return found
 
 
