@@ -16,6 +16,7 @@ Tools (vmalert, victoria-metrics): HPCOBS_TOOLS_BIN, else .cache/tools/bin, else
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import re
@@ -39,6 +40,8 @@ GENERATOR = REPO / "roles" / "grafana" / "dashboards" / "generate.py"
 RULE_TEMPLATES = REPO / "roles" / "vmalert" / "templates" / "rules"
 COUNTERS = REPO / "roles" / "dcgm_exporter" / "files" / "hpcobs-counters.csv"
 SLURM_HOOK = REPO / "roles" / "slurm_hooks" / "files" / "hpcobs-slurm-prolog"
+SLURM_COLLECTOR = REPO / "roles" / "slurm_metrics" / "files" / "hpcobs-slurm-metrics"
+SLURM_CAPTURES = REPO / "tests" / "data" / "slurm"
 VM_UID = "hpcobs-vm"
 # The SDK release the committed JSON was generated with (its "next" build, which follows Grafana 12).
 SDK_PIN = "1769699241"
@@ -73,8 +76,9 @@ def test_committed_json_is_what_the_generator_produces():
 
 
 # ------------------------------------------------------------------------------------------------------ structure
-def test_the_three_dashboards_are_there():
-    assert {m["uid"] for m in DASHBOARDS.values()} == {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account"}
+def test_the_dashboards_are_there():
+    assert {m["uid"] for m in DASHBOARDS.values()} == {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account",
+                                                      "hpcobs-slurm"}
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
@@ -180,13 +184,30 @@ def _contract() -> set[str]:
         if line.strip() and not line.startswith("#") and len(fields) > 1 and fields[1] != "label":
             names.add(fields[0])
     names |= set(re.findall(r"\b(hpcobs_slurm_job_[a-z_]+)\{", SLURM_HOOK.read_text(encoding="utf-8")))
+    names |= _slurm_collector_names()
+    return names
+
+
+def _slurm_collector_names() -> set[str]:
+    """What the slurm_metrics collector serves (Slurm's openmetrics names and its own), from its rendering of the
+    command output captured on the lab's real Slurm."""
+    loader = importlib.machinery.SourceFileLoader("hpcobs_slurm_metrics_contract", str(SLURM_COLLECTOR))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    names = set()
+    for capture in sorted(p for p in SLURM_CAPTURES.iterdir() if p.is_dir()):
+        outputs = {key: (capture / ("%s.txt" % key)).read_text(encoding="utf-8")
+                   for key in ("nodes", "partitions", "jobs", "sdiag", "ping")}
+        names |= set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", module.render(outputs, "full"), re.M))
     return names
 
 
 def test_contract_sources_are_read():
     contract = _contract()
     for expected in ("account:hpcobs_gpu_power_watts:sum", "hpc_job:hpcobs_gpu_hours:increase24h",
-                     "fleet:hpcobs_gpus_healthy:count", "DCGM_FI_DEV_GPU_TEMP", "hpcobs_slurm_job_info"):
+                     "fleet:hpcobs_gpus_healthy:count", "DCGM_FI_DEV_GPU_TEMP", "hpcobs_slurm_job_info",
+                     "slurm_node_gpus_alloc", "slurm_jobs_pending", "hpcobs_slurm_node_state_info"):
         assert expected in contract
 
 

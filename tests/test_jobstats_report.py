@@ -14,6 +14,7 @@ import datetime
 import importlib.machinery
 import importlib.util
 import json
+import re
 import socket
 import subprocess
 import time
@@ -317,3 +318,29 @@ def test_report_refuses_bad_periods_and_factors(vm):
     negative = subprocess.run(["python3", str(FILES / "hpcobs-report"), "--url", vm, "--price-kwh", "-1"],
                               capture_output=True, text=True, timeout=60)
     assert negative.returncode == 2 and "must not be negative" in negative.stderr
+
+
+# ------------------------------------------------------------------------------------------------ same sources
+def test_the_executive_boards_energy_panel_and_the_report_integrate_the_same_recording_rules():
+    """The executive board's accounts panel (its energy, i.e. cost, columns) reads account:hpcobs_gpu_energy_kwh:*,
+    which the vmalert role records as integrate(account:hpcobs_gpu_power_watts:sum[w]) / 3.6e6: hpcobs-report's
+    energy is that expression over its period, and its GPU-hours integrate the series the board's GPU column reads."""
+    board = json.loads((REPO / "roles" / "grafana" / "files" / "dashboards" / "hpcobs-executive.json").read_text())
+    panel = [p for p in board["panels"] if p["title"] == "Accounts: GPUs, power and energy"]
+    assert len(panel) == 1
+    exprs = [t["expr"] for t in panel[0]["targets"]]
+    assert "sum by (account) (account:hpcobs_gpu_energy_kwh:increase24h)" in exprs
+    assert "sum by (account) (account:hpcobs_gpus_in_use:count)" in exprs
+    rules = (REPO / "roles" / "vmalert" / "templates" / "rules" / "hpcobs-energy.yml.j2").read_text()
+    recorded = dict(re.findall(r"- record: (\S+)\n\s+expr: (.+)", rules))
+    integrand = lambda expr: re.fullmatch(r"(?:sum by \(\w+(?:, \w+)*\) \()?integrate\(([a-z_:]+)\[[^]]+\]\)\)? / "
+                                          r"(3\.6e6|3600)", expr).groups()  # noqa: E731
+    for rule in ("account:hpcobs_gpu_energy_kwh:increase1h", "account:hpcobs_gpu_energy_kwh:increase24h"):
+        assert integrand(recorded[rule]) == integrand(report.QUERIES["account_kwh"]) == (
+            "account:hpcobs_gpu_power_watts:sum", "3.6e6")
+    assert report.QUERIES["account_gpu_hours"] == \
+        "sum by (account) (integrate(account:hpcobs_gpus_in_use:count[{w}s])) / 3600"
+    # per job, the board's top-jobs table and the report's per-user rows read the same per-job rules
+    assert recorded["hpc_job:hpcobs_gpu_hours:increase24h"] == "integrate(hpc_job:hpcobs_gpus_in_use:count[24h]) / 3600"
+    assert "hpc_job:hpcobs_gpus_in_use:count[{w}s]" in report.QUERIES["user_gpu_hours"]
+    assert "hpc_job:hpcobs_gpu_power_watts:sum[{w}s]" in report.QUERIES["user_kwh"]

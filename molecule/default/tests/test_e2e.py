@@ -10,6 +10,8 @@ evaluated against this VictoriaMetrics.
 The tests run in order and share one state (the module-scoped `e2e` fixture); timings are collected in it and
 written to .cache/logs/e2e-timings.json.
 """
+import csv
+import io
 import json
 import os
 import re
@@ -180,6 +182,96 @@ def test_clearing_the_fault_and_ending_the_job_resolves_and_cleans_up(e2e):
     for gpu in job["gpus"]:
         assert sh(GPU1, "cat /run/hpcobs/dcgm-job-mapping/%s" % gpu) == ""
     assert sh(GPU1, "ls /var/lib/node_exporter/textfile/").count("hpcobs_slurm_job_%s.prom" % job["id"]) == 0
+
+
+def raw_series(e2e, selector, start, end):
+    """Raw samples from VictoriaMetrics' export API: {(node, gpu): [(t, v)]}."""
+    url = "%s/api/v1/export?%s" % (e2e.vm, urllib.parse.urlencode(
+        {"match[]": selector, "start": "%.3f" % start, "end": "%.3f" % end}))
+    with urllib.request.urlopen(url, timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    found = {}
+    for line in lines:
+        if line.strip():
+            item = json.loads(line)
+            key = (item["metric"].get("node", ""), item["metric"].get("gpu", ""))
+            # null: a staleness marker (the series ended), which VictoriaMetrics exports as such
+            found.setdefault(key, []).extend(sorted(
+                (t / 1000.0, float(v)) for t, v in zip(item["timestamps"], item["values"]) if v is not None))
+    return found
+
+
+def held(points):
+    """Value x seconds of a gauge sampled at points, each value held until the next sample."""
+    return sum((t2 - t1) * v1 for (t1, v1), (t2, _) in zip(points, points[1:]))
+
+
+def test_jobstats_and_report_give_the_numbers_of_the_raw_series(e2e):
+    """hpcobs-jobstats and hpcobs-report, run on the controller as a user would, for the finished ECC job of alice
+    (physics): their numbers against sums computed here from the raw series in VictoriaMetrics."""
+    job = e2e.jobs["e2e-ecc"]
+    stats = json.loads(sh(CTL, "runuser -u alice -- hpcobs-jobstats %s --json" % job["id"]))
+    assert (stats["job"], stats["user"], stats["account"], stats["nodes"]) == (job["id"], "alice", "physics", [GPU1])
+    assert sorted(g["gpu"] for g in stats["gpus"]) == job["gpus"]
+    start, end = stats["start"], stats["end"]
+    selector = '%%s{hpc_job="%s"}' % job["id"]
+    util = raw_series(e2e, selector % "DCGM_FI_DEV_GPU_UTIL", start - 60, end + 60)
+    power = raw_series(e2e, selector % "DCGM_FI_DEV_POWER_USAGE", start - 60, end + 60)
+    memory = raw_series(e2e, selector % "DCGM_FI_DEV_FB_USED", start - 60, end + 60)
+    energy = raw_series(e2e, selector % "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", start - 60, end + 60)
+    assert set(util) == {(GPU1, g) for g in job["gpus"]}
+    kwh = hours = 0.0
+    for gpu in stats["gpus"]:
+        key = (gpu["node"], gpu["gpu"])
+        for field, series in (("utilisation_percent", util), ("power_watts", power), ("memory_used_mib", memory)):
+            values = [v for _, v in series[key]]
+            assert gpu[field]["mean"] == pytest.approx(sum(values) / len(values)), (key, field)
+            assert gpu[field]["max"] == max(values), (key, field)
+        # the simulator's energy counter (mJ) never resets during the job
+        counter = [v for _, v in energy[key]]
+        assert gpu["energy_source"] == "energy counter"
+        assert gpu["energy_kwh"] == pytest.approx((counter[-1] - counter[0]) / 1000 / 3.6e6), key
+        kwh += (counter[-1] - counter[0]) / 1000 / 3.6e6
+        hours += (util[key][-1][0] - util[key][0][0]) / 3600
+    assert stats["energy_kwh"] == pytest.approx(kwh) and stats["gpu_hours"] == pytest.approx(hours)
+    assert stats["energy_kwh"] > 0 and stats["gpu_hours"] > 0
+    # the fault injected on its first GPU is among the alerts during the job
+    assert ("HpcobsGpuEccUncorrectable", GPU1, job["gpus"][0]) in {
+        (a["alertname"], a["node"], a["gpu"]) for a in stats["alerts"]}, stats["alerts"]
+    assert stats["verdict"]
+    text = sh(CTL, "runuser -u alice -- hpcobs-jobstats %s" % job["id"])
+    assert text.startswith("Job %s  user alice  account physics" % job["id"]) and "Verdict: " in text
+
+    # the report of a period covering the job (and the other accounts' jobs so far: none)
+    period_start, period_end = int(start) - 60, int(time.time()) - 5
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))  # noqa: E731
+    sh(CTL, "rm -rf /tmp/e2e-report && mkdir /tmp/e2e-report")
+    markdown = sh(CTL, "hpcobs-report --start %s --end %s --price-kwh 0.25 --co2-g-per-kwh 350 "
+                       "--out-dir /tmp/e2e-report" % (iso(period_start), iso(period_end)))
+    rows = list(csv.DictReader(io.StringIO(sh(CTL, "cat /tmp/e2e-report/*.csv"))))
+    physics = [r for r in rows if r["level"] == "account" and r["account"] == "physics"]
+    alice = [r for r in rows if r["level"] == "user" and (r["account"], r["user"]) == ("physics", "alice")]
+    assert len(physics) == 1 and len(alice) == 1, rows
+    # the tools' CSV has 4 decimals; the recording rules' series may gain or lose one evaluation (5 s) at each edge
+    csv_digit = 0.5e-4
+    rule_hours = sum(held(p) for p in raw_series(e2e, 'account:hpcobs_gpus_in_use:count{account="physics"}',
+                                                 period_start, period_end).values()) / 3600
+    watts = raw_series(e2e, 'account:hpcobs_gpu_power_watts:sum{account="physics"}', period_start, period_end)
+    rule_kwh = sum(held(p) for p in watts.values()) / 3.6e6
+    max_watts = max(v for p in watts.values() for _, v in p)
+    assert float(physics[0]["gpu_hours"]) == pytest.approx(rule_hours, abs=2 * 2 * EVAL / 3600 + csv_digit)
+    assert float(physics[0]["energy_kwh"]) == pytest.approx(rule_kwh, abs=2 * EVAL * max_watts / 3.6e6 + csv_digit)
+    assert float(alice[0]["gpu_hours"]) == pytest.approx(float(physics[0]["gpu_hours"]), abs=2 * 2 * EVAL / 3600)
+    # the recording rules and the job's own samples tell the same story: the rules start and end up to two scrapes
+    # and an evaluation after the job's series, on each of its 2 GPUs
+    assert float(physics[0]["gpu_hours"]) == pytest.approx(hours, abs=2 * 2 * (2 * SCRAPE + EVAL) / 3600)
+    assert float(physics[0]["cost"]) == pytest.approx(float(physics[0]["energy_kwh"]) * 0.25, abs=2 * csv_digit)
+    assert "physics" in markdown and "alice" in markdown
+    samples = os.path.join(ROOT, ".cache", "logs", "e2e-samples")
+    os.makedirs(samples, exist_ok=True)
+    for name, content in (("hpcobs-jobstats.txt", text), ("hpcobs-report.md", markdown)):
+        with open(os.path.join(samples, name), "w", encoding="utf-8") as handle:
+            handle.write(content)
 
 
 def test_hung_gpu_in_a_job_notifies_the_owning_team_not_oncall(e2e):

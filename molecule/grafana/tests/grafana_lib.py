@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(SCENARIO))
 DATA_HOST = "grafana-debian12"  # runs VictoriaMetrics, vmalert, Alertmanager and the simulated GPU node
 PORTS = {"grafana-debian12": 3000, "grafana-debian13": 3300}
 SITE_PASSWORD = {"grafana-debian12": "Site-Given-Passw0rd-For-Tests"}
-OUR_DASHBOARDS = {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account"}
+OUR_DASHBOARDS = {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account", "hpcobs-slurm"}
 COMMUNITY = {"grafana-debian12": set(), "grafana-debian13": {"hpcobs-test-synthetic"}}
 
 

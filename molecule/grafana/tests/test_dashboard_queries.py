@@ -35,6 +35,8 @@ def vm_url():
         "min(count_over_time(account:hpcobs_gpu_power_watts:sum[10m])) >= 24",
         'count(ALERTS{alertstate="firing", alertname="HpcobsGpuEccUncorrectable"}) >= 1',
         'count(ALERTS{alertstate="firing", alertname="HpcobsGpuXidError"}) >= 1',
+        # the slurm_metrics collector (replaying real Slurm output): a few scrapes of every series
+        "min(count_over_time(slurm_node_gpus_alloc[10m])) >= 3",
     ]
     deadline = time.time() + 300
     while True:
@@ -54,7 +56,8 @@ def values(vm_url):
 
 def test_every_dashboard_query_is_covered():
     assert len(ALL) >= 60
-    assert {q.dashboard_uid for q in ALL} == {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account"}
+    assert {q.dashboard_uid for q in ALL} == {"hpcobs-executive", "hpcobs-gpu-fleet", "hpcobs-job-account",
+                                              "hpcobs-slurm"}
 
 
 @pytest.mark.parametrize("query", ALL, ids=str)

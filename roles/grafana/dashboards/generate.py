@@ -15,7 +15,9 @@ Every query reads the VictoriaMetrics datasource the role provisions (uid VM_UID
 vmalert role (docs/alerts.md) and the metric contract of docs/development.md: dcgm-exporter series carry `node`,
 `gpu`, `modelName`, `UUID` and, while a Slurm job holds the GPU, `hpc_job` (one copy per job: per-GPU panels take
 `max by (node, gpu)` so a shared GPU is drawn once); `hpcobs_slurm_job_info{hpc_job,user,account,partition}` names the
-job's owner.
+job's owner. The Slurm board reads the names of Slurm's metrics/openmetrics plugin (slurmctld 25.11+ or the
+slurm_metrics collector, one copy per controller: panels take `max without (instance)`) and the collector's
+hpcobs_slurm_node_state_info.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ VM = common.DataSourceRef(type_val="prometheus", uid=VM_UID)
 EXECUTIVE_UID = "hpcobs-executive"
 FLEET_UID = "hpcobs-gpu-fleet"
 JOB_UID = "hpcobs-job-account"
+SLURM_UID = "hpcobs-slurm"
 TAGS = ["hpcobs"]
 
 # Series selectors shared by the GPU fleet / node dashboard.
@@ -485,13 +488,22 @@ def job_account():
                  "Value #D": "Temperature (°C)"},
         sort_by="Node", span=16, height=7)
         .decimals(0))
+    # The per-job report is hpcobs-jobstats, a command on the login nodes and controllers (it reads this
+    # VictoriaMetrics; there is no web service to link to): the table gives the command line for the job, built by
+    # the query itself (MetricsQL label_set/label_join) so it always names the job shown.
+    jobstats_cmd = ('label_del(label_join(label_set(%s, "jobstats_cmd", "hpcobs-jobstats"), "jobstats", " ", '
+                    '"jobstats_cmd", "hpc_job"), "jobstats_cmd")')
     owner = (table_panel(
         "Owner",
-        "The job as Slurm reported it (hpcobs_slurm_job_info, written by the prolog on each node of the job).",
-        [q("count by (hpc_job, user, account, partition) (last_over_time(hpcobs_slurm_job_info{%s}[$__range]))"
-           % job, instant=True, table_format=True)],
+        "The job as Slurm reported it (hpcobs_slurm_job_info, written by the prolog on each node of the job). Its "
+        "per-job report (utilisation, memory and power per GPU, energy, GPU-hours, alerts, verdict): run the "
+        "command in the last column on a login node or controller (add --json for JSON; roles/slurm_metrics "
+        "README, hpcobs-jobstats).",
+        [q(jobstats_cmd % ("count by (hpc_job, user, account, partition) "
+                           "(last_over_time(hpcobs_slurm_job_info{%s}[$__range]))" % job),
+           instant=True, table_format=True)],
         columns={"hpc_job": "Job", "user": "User", "account": "Account", "partition": "Partition",
-                 "Value #A": "Nodes"},
+                 "Value #A": "Nodes", "jobstats": "Per-job report (run on a login node)"},
         sort_by="Job", span=8, height=7))
     job_series = [
         ts_panel("Utilisation of its GPUs", "Utilisation of each GPU the job holds.",
@@ -524,10 +536,85 @@ def job_account():
     return board
 
 
+# ----------------------------------------------------------------------------------------------- Slurm board
+def slurm():
+    """The scheduler: queue, nodes by state (with the reasons), GPUs allocated vs in use per partition and account."""
+    one = "max without (instance, node, job)"
+    unavailable = 'state=~"down|drained|draining|fail|failing"'
+    stats = [
+        stat_panel("Jobs running", "Jobs in state RUNNING now.",
+                   [q("%s (slurm_jobs_running)" % one, instant=True)], decimals=0),
+        stat_panel("Jobs pending", "Jobs waiting in the queue now (all partitions).",
+                   [q("%s (slurm_jobs_pending)" % one, instant=True)], decimals=0),
+        stat_panel("Nodes unavailable", "Nodes down, drained, draining or failing (HpcobsSlurmNodeUnavailable); the "
+                   "table below names them with the reason.",
+                   [q("count(max without (instance) (hpcobs_slurm_node_state_info{%s})) or vector(0)" % unavailable,
+                      instant=True)], thresholds=steps((None, "green"), (1, "orange")), decimals=0),
+        stat_panel("GPUs allocated", "Share of the cluster's GPUs allocated to jobs now.",
+                   [q("sum(max without (instance) (slurm_node_gpus_alloc)) / sum(max without (instance) "
+                      "(slurm_node_gpus))", instant=True)], unit="percentunit", decimals=0),
+        stat_panel("GPUs allocated but idle", "GPUs allocated to a job whose utilisation is at or below 1 % now "
+                   "(dcgm-exporter), over all GPUs allocated.",
+                   [q('count(max by (node, gpu) (DCGM_FI_DEV_GPU_UTIL{hpc_job!=""}) <= 1) / '
+                      "sum(max without (instance) (slurm_node_gpus_alloc)) or vector(0)", instant=True)],
+                   unit="percentunit", thresholds=steps((None, "green"), (0.25, "orange"), (0.5, "red")),
+                   decimals=0),
+        stat_panel("Scheduler cycle", "Last main scheduling cycle of slurmctld (sdiag); "
+                   "HpcobsSlurmSchedulerSlow warns above 3 s.",
+                   [q("%s (slurm_schedule_cycle_last) / 1e6" % one, instant=True)], unit="s",
+                   thresholds=steps((None, "green"), (1, "orange"), (3, "red")), decimals=3),
+    ]
+    series = [
+        ts_panel("Queue", "Running and pending jobs.",
+                 [q("%s (slurm_jobs_running)" % one, "running"), q("%s (slurm_jobs_pending)" % one, "pending")],
+                 unit="none", span=12),
+        ts_panel("Nodes by state", "Nodes per state as sinfo spells it (idle, mixed, allocated, drained, down, ...).",
+                 [q("count by (state) (max without (instance) (hpcobs_slurm_node_state_info))", "{{state}}")],
+                 unit="none", span=12, stacked=True),
+        ts_panel("GPUs per partition: allocated and total", "GPUs allocated to jobs (solid) and all GPUs of the "
+                 "partition (dashed; GPUs of drained and down nodes included).",
+                 [q("%s (slurm_partition_jobs_gpus_alloc)" % one, "{{partition}} allocated"),
+                  q("%s (slurm_partition_gpus)" % one, "{{partition}} total")],
+                 unit="none", span=12)
+        .override_by_regexp(*dashed(".* total")),
+        ts_panel("GPUs per account: allocated and in use", "GPUs Slurm allocated to each account's jobs (solid) "
+                 "and GPUs those jobs hold in dcgm-exporter's view (dashed, account:hpcobs_gpus_in_use:count). "
+                 "A gap is GPUs allocated to no running process of the job only when their utilisation is low: "
+                 "see the idle share above.",
+                 [q("%s (slurm_account_jobs_gpus_alloc)" % one, "{{account}} allocated"),
+                  q("sum by (account) (account:hpcobs_gpus_in_use:count)", "{{account}} in use")],
+                 unit="none", span=12)
+        .override_by_regexp(*dashed(".* in use")),
+        ts_panel("Scheduling cycles", "slurmctld's last main and backfill scheduling cycle (sdiag, seconds).",
+                 [q("%s (slurm_schedule_cycle_last) / 1e6" % one, "main"),
+                  q("%s (slurm_bf_cycle_last) / 1e6" % one, "backfill")],
+                 unit="s", span=12),
+        ts_panel("Pending jobs per account", "Jobs of each account waiting in the queue.",
+                 [q("%s (slurm_account_jobs_pending)" % one, "{{account}}")], unit="none", span=12,
+                 stacked=True),
+    ]
+    nodes = (table_panel(
+        "Nodes",
+        "Every Slurm node: state and reason as Slurm has them, GPUs allocated and total.",
+        [q("max without (instance, job) (hpcobs_slurm_node_state_info)", instant=True, table_format=True),
+         q("max without (instance, job) (slurm_node_gpus_alloc)", instant=True, table_format=True),
+         q("max without (instance, job) (slurm_node_gpus)", instant=True, table_format=True)],
+        columns={"node": "Node", "state": "State", "reason": "Reason", "Value #B": "GPUs allocated",
+                 "Value #C": "GPUs"},
+        sort_by="GPUs allocated", height=8, hide=("Time", "Value #A"))
+        .decimals(0))
+    board = base(SLURM_UID, "HPC GPU fleet: Slurm", "The scheduler: queue, nodes by state with their reasons, GPUs "
+                 "allocated against GPUs in use per partition and account, scheduling cycles.", "now-24h")
+    for panel in stats + series + [nodes]:
+        board = board.with_panel(panel)
+    return board
+
+
 DASHBOARDS = {
     "hpcobs-executive.json": executive,
     "hpcobs-gpu-fleet.json": fleet,
     "hpcobs-job-account.json": job_account,
+    "hpcobs-slurm.json": slurm,
 }
 
 
