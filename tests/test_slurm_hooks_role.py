@@ -248,10 +248,11 @@ def test_check_without_gpus_writes_no_mapping(tmp_path):
 
 
 @pytest.mark.parametrize("conf_text,gpus,message", [
-    ("GPU_MAP=0:x\n", None, "GPU_MAP entry '0:x'"),
+    ("GPU_MAP='0:x'\n", "0", "GPU index(es) 0 not in GPU_MAP"),
     ("LOCK_SCOPE=node\n", None, "LOCK_SCOPE must be dir or gpu"),
     ('GPU_MAP="0:1"\n', "0,1", "GPU index(es) 1 not in GPU_MAP"),
-    ("NOT A LINE\n", None, "not KEY=VALUE"),
+    ("NOT A LINE\n", None, "line 1: not a setting (KEY='value')"),
+    ("MIG_MAP='0:1.1\n", None, "line 1: not a valid shell assignment"),
 ])
 def test_check_fails_on_what_the_hook_reports(tmp_path, conf_text, gpus, message):
     proc = run_check(conf_text, gpus, tmp_path)
