@@ -4,7 +4,8 @@
 For each variant, runs the prolog then the epilog of a job on N GPUs (default 8),
 --runs times, each hook started the way slurmd starts it (fork + exec of the
 script, no PATH, a handful of SLURM_* variables), and prints p50/p99/max in ms for
-the prolog, the epilog and the pair. Variants:
+the prolog, the epilog and the pair, wall time and the CPU time the hook and its children used (less
+sensitive to a busy machine than wall time). Variants:
 
   dir    the hooks with LOCK_SCOPE=dir (the default: one lock per mapping dir)
   gpu    the hooks with LOCK_SCOPE=gpu (one lock per mapping file)
@@ -20,7 +21,7 @@ textfile dir under /var/tmp (disk, like /var/lib), unless told otherwise.
 
 usage: python3 bench/slurm_hooks.py [--runs 1000] [--gpus 8] [--others 1]
                                     [--variants dir,gpu,naive] [--shell /bin/sh]
-Target: p99 <= 10 ms per hook for the default variant.
+Target: prolog + epilog pair p99 <= 5 ms for the default variant on a quiet machine.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROLOG = REPO / "roles" / "slurm_hooks" / "files" / "hpcobs-slurm-prolog"
 EPILOG = REPO / "roles" / "slurm_hooks" / "files" / "hpcobs-slurm-epilog"
 NAIVE = REPO / "bench" / "naive_slurm_hook.sh"
-TARGET_P99_MS = 10.0
+TARGET_P99_MS = 5.0
+CPU: list[float] = []  # CPU ms of every run_timed call, in order
 
 
 def spawn(argv: list[str], env: dict[str, str]) -> int:
@@ -48,10 +50,11 @@ def spawn(argv: list[str], env: dict[str, str]) -> int:
 def run_timed(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter_ns()
     pid = spawn(argv, env)
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)
     dt = (time.perf_counter_ns() - t0) / 1e6
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{argv} exited {os.waitstatus_to_exitcode(status)}")
+    CPU.append((usage.ru_utime + usage.ru_stime) * 1e3)
     return dt
 
 
@@ -69,9 +72,11 @@ class Node:
     def __init__(self, map_base: str, tf_base: str):
         self.map = Path(tempfile.mkdtemp(prefix="hpcobs-bench-map-", dir=map_base))
         self.tf = Path(tempfile.mkdtemp(prefix="hpcobs-bench-tf-", dir=tf_base))
-        self.conf = self.tf.parent / f"{self.tf.name}.conf"
-        self.logfile = self.tf.parent / f"{self.tf.name}.log"
-        self.logger = self.tf.parent / f"{self.tf.name}.logger"
+        # the hooks read only a config that nobody but root can change, in a directory likewise (not /var/tmp)
+        self.private = Path(tempfile.mkdtemp(prefix="hpcobs-bench-conf-", dir=tf_base))
+        self.conf = self.private / "slurm-hooks.conf"
+        self.logfile = self.private / "hooks.log"
+        self.logger = self.private / "logger"
         self.logger.write_text(
             f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{self.logfile}'\n"
         )
@@ -79,7 +84,7 @@ class Node:
 
     def configure(self, scope: str):
         self.conf.write_text(
-            f"MAPPING_DIR={self.map}\nTEXTFILE_DIR={self.tf}\nLOCK_SCOPE={scope}\n"
+            f"MAPPING_DIR='{self.map}'\nTEXTFILE_DIR='{self.tf}'\nLOCK_SCOPE='{scope}'\n"
         )
 
     def reset(self, gpus: int, others: int):
@@ -125,8 +130,7 @@ class Node:
     def cleanup(self):
         shutil.rmtree(self.map, ignore_errors=True)
         shutil.rmtree(self.tf, ignore_errors=True)
-        for p in (self.conf, self.logfile, self.logger):
-            p.unlink(missing_ok=True)
+        shutil.rmtree(self.private, ignore_errors=True)
 
 
 def commands(variant: str, shell: list[str]):
@@ -146,6 +150,7 @@ def bench_pairs(node: Node, variant: str, shell, runs: int, gpus: int, others: i
         run_timed(pro, env)
         run_timed(epi, env)
     tp, te, tt = [], [], []
+    CPU.clear()
     for i in range(runs):
         env = node.env(1000 + i, gpu_list)
         a = run_timed(pro, env)
@@ -153,8 +158,9 @@ def bench_pairs(node: Node, variant: str, shell, runs: int, gpus: int, others: i
         tp.append(a)
         te.append(b)
         tt.append(a + b)
+    cpu = [CPU[k] + CPU[k + 1] for k in range(0, len(CPU), 2)]
     node.check(gpus, others, variant)
-    return tp, te, tt
+    return tp, te, tt, cpu
 
 
 def bench_burst(node: Node, variant: str, shell, runs: int, width: int):
@@ -219,14 +225,15 @@ def main() -> int:
                 "dir": "hooks LOCK_SCOPE=dir (default)",
                 "gpu": "hooks LOCK_SCOPE=gpu",
             }.get(variant, "naive (append / sed -i, no lock)")
-            tp, te, tt = bench_pairs(
+            tp, te, tt, cpu = bench_pairs(
                 node, variant, shell, args.runs, args.gpus, args.others
             )
-            results[variant] = (tp, te)
+            results[variant] = tt
             print(f"{label}")
             print(f"{'  prolog':36s} {summary(tp)}  ms")
             print(f"{'  epilog':36s} {summary(te)}  ms")
             print(f"{'  prolog + epilog':36s} {summary(tt)}  ms")
+            print(f"{'  prolog + epilog, CPU time':36s} {summary(cpu)}  ms")
             if args.burst_runs > 0:
                 walls = bench_burst(
                     node, variant, shell, args.burst_runs, args.burst_gpus
@@ -239,11 +246,11 @@ def main() -> int:
 
     print("load average at end:   %.2f %.2f %.2f" % os.getloadavg())
     if "dir" in results:
-        tp, te = results["dir"]
-        worst = max(pct(tp, 99), pct(te, 99))
+        worst = pct(results["dir"], 99)
         verdict = "met" if worst <= TARGET_P99_MS else "NOT met"
         print(
-            f"target p99 <= {TARGET_P99_MS:g} ms per hook (default variant): {verdict} ({worst:.2f} ms)"
+            f"target prolog + epilog p99 <= {TARGET_P99_MS:g} ms (default variant, quiet machine):"
+            f" {verdict} ({worst:.2f} ms)"
         )
     return 0
 

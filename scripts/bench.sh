@@ -1,6 +1,6 @@
 #!/bin/sh
 # Benchmarks (make bench). Figures depend on the machine's load: run on a quiet machine and report what you saw.
-#   Slurm hooks: prolog + epilog of a job on 8 GPUs, 1000 runs, p50/p99/max (target p99 <= 10 ms per hook)
+#   Slurm hooks: prolog + epilog of a job on 8 GPUs, 1000 runs, p50/p99/max (target pair p99 <= 5 ms)
 #   GPU simulator: scrape time for 8 GPUs x 30 fields, 100 scrapes, median/p90/max
 set -eu
 cd "$(dirname "$0")/.."

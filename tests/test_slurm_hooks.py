@@ -11,6 +11,7 @@ mount namespace (default paths): the suite runs as root.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -24,6 +25,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = REPO / "roles" / "slurm_hooks" / "files"
+_spec = importlib.util.spec_from_file_location(
+    "hpcobs_slurm_hooks", REPO / "roles" / "slurm_hooks" / "filter_plugins" / "hpcobs_slurm_hooks.py"
+)
+filters = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(filters)
+q = filters.sh_quote
 PROLOG = FILES / "hpcobs-slurm-prolog"
 EPILOG = FILES / "hpcobs-slurm-epilog"
 
@@ -104,9 +111,9 @@ class Hooks:
 
     def configure(self, *lines: str, mapping_dir=None, textfile_dir=None):
         text = [
-            "# written by the test",
-            f"MAPPING_DIR={mapping_dir if mapping_dir is not None else self.map}",
-            f"TEXTFILE_DIR={textfile_dir if textfile_dir is not None else self.tf}",
+            "# written by the test, quoted as the role quotes",
+            f"MAPPING_DIR={q(str(mapping_dir if mapping_dir is not None else self.map))}",
+            f"TEXTFILE_DIR={q(str(textfile_dir if textfile_dir is not None else self.tf))}",
             *lines,
         ]
         self.conf.write_text("\n".join(text) + "\n")
@@ -432,7 +439,7 @@ def test_cuda_visible_devices_with_uuids_is_logged(hooks):
 
 
 def test_gpu_map(hooks):
-    hooks.configure('GPU_MAP="0:2 1:3 2:0 3:1"')
+    hooks.configure("GPU_MAP='0:2 1:3 2:0 3:1'")
     hooks.prolog(30, "0,1")
     hooks.prolog(31, "2-3")
     assert hooks.mapping() == {"2": "30\n", "3": "30\n", "0": "31\n", "1": "31\n"}
@@ -452,14 +459,14 @@ def test_mig_map(hooks):
 
 
 def test_mixed_gpu_and_mig_maps(hooks):
-    hooks.configure('GPU_MAP="2:3"', 'MIG_MAP="0:0.1 1:0.2"')
+    hooks.configure("GPU_MAP='2:3'", "MIG_MAP='0:0.1 1:0.2'")
     hooks.prolog(42, "0-2")
     assert hooks.mapping() == {"0.1": "42\n", "0.2": "42\n", "3": "42\n"}
     assert hooks.logs() == []
 
 
 def test_index_outside_the_map_is_skipped(hooks):
-    hooks.configure('GPU_MAP="0:2 1:3"')
+    hooks.configure("GPU_MAP='0:2 1:3'")
     hooks.prolog(50, "0,5,1,6")
     assert hooks.mapping() == {"2": "50\n", "3": "50\n"}
     assert hooks.prom(50) == expected_prom(50, ngpus=4)  # Slurm's allocation
@@ -468,7 +475,7 @@ def test_index_outside_the_map_is_skipped(hooks):
 
 
 def test_index_outside_the_mig_map_is_skipped(hooks):
-    hooks.configure('MIG_MAP="0:0.1"')
+    hooks.configure("MIG_MAP='0:0.1'")
     hooks.prolog(51, "0,1")
     assert hooks.mapping() == {"0.1": "51\n"}
     (line,) = hooks.logs()
@@ -666,6 +673,29 @@ def test_full_disk_keeps_previous_files(hooks, mounts):
     assert hooks.prom(100) is None
 
 
+@pytest.mark.parametrize("scope", ["dir", "gpu"])
+def test_full_mapping_filesystem_epilog_still_removes_the_job(hooks, mounts, scope):
+    """Other jobs stay listed, so the staged copy needs a data block the full filesystem does not have: the
+    epilog rewrites the file in place (under the lock) instead of leaving the job behind."""
+    hooks.configure(f"LOCK_SCOPE={scope}")
+    mounts.tmpfs(hooks.map, size="64k")
+    hooks.prolog(200, "0-3")
+    hooks.prolog(201, "0-3")
+    mounts.fill(hooks.map)
+    hooks.epilog(200, "0-3")
+    assert hooks.mapping() == {str(i): "201\n" for i in range(4)}
+    assert os.listdir(hooks.map / ".staging") == []
+    logs = hooks.logs()
+    assert sorted(logs) == [
+        f"epilog job 200: cannot write {hooks.map}/.staging/{n} (disk full?); {hooks.map}/{n} rewritten in place"
+        for n in range(4)
+    ], logs
+    assert hooks.prom(200) is None
+    hooks.epilog(201, "0-3")  # emptied files need no block: staged and renamed as usual
+    assert hooks.mapping() == {str(i): "" for i in range(4)}
+    assert len(hooks.logs()) == 4
+
+
 def test_logger_failure_falls_back_to_stderr(hooks):
     p = hooks.prolog(
         "x", "0", env={"LOGGER": str(hooks.root / "no-such-logger")}, quiet=False
@@ -680,32 +710,115 @@ def test_logger_failure_falls_back_to_stderr(hooks):
 @pytest.mark.parametrize(
     "line,what",
     [
-        ("LOCK_SCOPE=node", "LOCK_SCOPE"),
+        ("LOCK_SCOPE=node", "LOCK_SCOPE must be dir or gpu"),
         ("LOCK_TIMEOUT=0", "LOCK_TIMEOUT"),
         ("LOCK_TIMEOUT=ten", "LOCK_TIMEOUT"),
-        ('GPU_MAP="0:a"', "GPU_MAP"),
-        ('GPU_MAP="0:1 0:2"', "twice"),
-        ('GPU_MAP="5"', "GPU_MAP"),
-        ('MIG_MAP="0:1"', "MIG_MAP"),
-        ('GPU_MAP="0:1"\nMIG_MAP="0:1.1"', "both"),
-        ("MAPPING_DIR=relative/dir", "absolute"),
-        ("TEXTFILE_DIR='/var/lib/node exporter'", "unsupported"),
-        ("GPU_MAP=0:1 1:2", "quoted"),
-        ('MAPPING_DIR="$(reboot)"', "unsupported character"),
-        ("this is not a setting", "KEY=VALUE"),
-        ("LOG_TAG='bad tag'", "LOG_TAG"),
-        ("LOGGER='/bin/echo hi'", "LOGGER"),
+        ("this is not a setting", "line 4: not a setting (KEY='value')"),
+        ("GPU_MAP='0:1", "line 4: not a setting (KEY='value')"),
+        ('GPU_MAP="0:1"', "line 4: not a setting (KEY='value')"),
+        ("LOCK_SCOPE=dir$(reboot)", "line 4: not a setting (KEY='value')"),
+        ("TEXTFILE_DIR=relative/dir", "TEXTFILE_DIR must be an absolute path"),
     ],
 )
-def test_bad_config_value_does_nothing(hooks, line, what):
-    hooks.configure(*line.split("\n"))
+def test_config_error_prolog_does_nothing_epilog_still_removes_the_job(hooks, line, what):
+    """A job started with a good config; the config then breaks: the next prolog does nothing, the epilog of
+    the running job removes it all the same (the built-in default for each unusable value)."""
+    hooks.prolog(109, "0,1")
+    hooks.configure(line)
+    if line.startswith("TEXTFILE_DIR="):
+        # its default (/var/lib/node_exporter/textfile) is not this test's: the mapping part is what is checked
+        (hooks.tf / "hpcobs_slurm_job_109.prom").unlink()
     hooks.prolog(110, "0,1")
-    hooks.epilog(110, "0,1")
-    assert os.listdir(hooks.map) == [] and os.listdir(hooks.tf) == []
+    hooks.epilog(109, "0,1")
+    assert hooks.mapping() == {"0": "", "1": ""}
+    assert os.listdir(hooks.tf) == []
     logs = hooks.logs()
     assert len(logs) == 2, logs
-    for m in logs:
-        assert "config " in m and what in m and "nothing done" in m
+    assert logs[0].startswith("prolog job 110: config ") and logs[0].endswith("; nothing done")
+    assert logs[1].startswith("epilog job 109: config ")
+    assert logs[1].endswith("; removing the job all the same")
+    assert all(what in m for m in logs), logs
+
+
+def test_relative_mapping_dir_makes_the_prolog_do_nothing(hooks):
+    hooks.configure(mapping_dir="relative/dir")
+    hooks.prolog(111, "0,1")
+    assert os.listdir(hooks.map) == [] and os.listdir(hooks.tf) == []
+    (line,) = hooks.logs()
+    assert "MAPPING_DIR must be an absolute path; nothing done" in line
+
+
+def test_log_tag_with_a_space_is_no_error(hooks):
+    """LOG_TAG="a b" once left every job behind; quoted, it is just a tag."""
+    hooks.configure(f"LOG_TAG={q('a b')}")
+    hooks.prolog(112, "0")
+    hooks.epilog(112, "0")
+    assert hooks.mapping() == {"0": ""} and os.listdir(hooks.tf) == []
+    assert not hooks.logfile.exists()
+    hooks.prolog("bad", "0")
+    (line,) = hooks.logfile.read_text().splitlines()
+    assert line.split(SEP)[:2] == ["-t", "a b"]
+
+
+def test_quoted_values_are_data_never_code(hooks, tmp_path):
+    tag = "it's $(touch %s/m1) `touch %s/m2` \"q\" \\ ${HOME} *" % (tmp_path, tmp_path)
+    hooks.configure(f"LOG_TAG={q(tag)}", f"GPU_MAP={q('0:1 1:$(touch ' + str(tmp_path) + '/m3)')}")
+    hooks.prolog(113, "0,1")
+    assert hooks.mapping() == {"1": "113\n"}
+    hooks.prolog("bad", "0")
+    lines = hooks.logfile.read_text().splitlines()
+    assert [line.split(SEP)[1] for line in lines] == [tag, tag]
+    assert "GPU index(es) 1 not in GPU_MAP/MIG_MAP" in lines[0]
+    assert not any((tmp_path / m).exists() for m in ("m1", "m2", "m3"))
+
+
+def test_unknown_keys_are_never_evaluated(hooks, tmp_path):
+    hooks.configure(f"PATH={tmp_path}", f"HPCOBS=$(touch {tmp_path}/ran)")
+    hooks.prolog(114, "0")
+    assert hooks.mapping() == {"0": "114\n"}
+    assert not (tmp_path / "ran").exists()
+    logs = hooks.logs()
+    assert len(logs) == 2 and all("unknown key" in m for m in logs), logs
+
+
+def test_a_map_never_names_a_file_outside_the_mapping_dir(hooks):
+    hooks.configure(f"GPU_MAP={q('0:../escape 1:2 2:.hidden 3:1.2.3 4:x/y')}")
+    hooks.prolog(115, "0-4")
+    assert hooks.mapping() == {"2": "115\n"}
+    assert sorted(os.listdir(hooks.map)) == [".hpcobs.lock", ".staging", "2"]
+    assert (hooks.map / ".hpcobs.lock").read_text().strip().isdigit()  # the last holder's pid
+    assert sorted(os.listdir(hooks.root)) == sorted(
+        ["mapping", "textfile", "slurm-hooks.conf", "fake-logger", "hooks.log"]
+    )
+    (line,) = hooks.logs()
+    assert "GPU index(es) 0 2 3 4 not in GPU_MAP/MIG_MAP" in line
+
+
+@pytest.mark.parametrize("how", ["group-writable", "world-writable", "not root's", "open directory", "symlink"])
+def test_an_untrusted_config_is_never_read(hooks, tmp_path, how):
+    hooks.configure(f"LOG_TAG={q('from-the-config')}")
+    if how == "group-writable":
+        hooks.conf.chmod(0o664)
+    elif how == "world-writable":
+        hooks.conf.chmod(0o646)
+    elif how == "not root's":
+        os.chown(hooks.conf, 65534, 0)
+    elif how == "open directory":
+        tmp_path.chmod(0o777)
+    else:
+        real = tmp_path / "real.conf"
+        hooks.conf.rename(real)
+        hooks.conf.symlink_to(real)
+    try:
+        hooks.prolog(116, "0")
+    finally:
+        tmp_path.chmod(0o700)
+    assert os.listdir(hooks.map) == [] and os.listdir(hooks.tf) == []
+    (line,) = hooks.logs()  # the built-in tag: the config was not read
+    if how == "symlink":
+        assert "not a readable file; nothing done" in line
+    else:
+        assert "not owned by root or is writable by others; not read; nothing done" in line
 
 
 def test_unreadable_config(hooks):
@@ -717,22 +830,20 @@ def test_unreadable_config(hooks):
     assert "not a readable file" in line
 
 
-def test_config_syntax(hooks):
-    hooks.conf.write_text(
-        "# hpcobs slurm hooks\n"
-        "\n"
-        f"  export MAPPING_DIR='{hooks.map}'  \n"
-        f'TEXTFILE_DIR="{hooks.tf}/"\n'
-        'GPU_MAP="0:1\t1:0"\n'
-        "LOCK_TIMEOUT=05\n"
-        "LOCK_SCOPE=gpu\n"
-        "LOG_TAG=hpcobs-slurm-hooks\n"
-        f"LOGGER={hooks.logger}\n"
-        "MIG_MAP="
-    )
-    hooks.prolog(112, "0")
-    assert hooks.mapping() == {"1": "112\n"}
+def test_the_config_the_role_writes(hooks):
+    settings = {
+        "slurm_conf_dir": "/etc/slurm", "slurm_conf": "/etc/slurm/slurm.conf", "prolog_dir": "/etc/slurm/prolog.d",
+        "epilog_dir": "/etc/slurm/epilog.d", "bin_dir": "/usr/local/sbin", "prolog_flags": ["Alloc"],
+        "slurm_bin_dirs": [], "mapping_dir": str(hooks.map), "textfile_dir": str(hooks.tf),
+        "gpu_map": {1: 0, 0: 1}, "mig_map": {2: "3.1"}, "lock_scope": "gpu", "lock_timeout": 5,
+        "log_tag": "hpcobs-slurm-hooks", "logger": str(hooks.logger),
+    }
+    hooks.conf.write_text("# hpcobs slurm hooks\n\n" + filters.slurm_hooks_conf(settings))
+    hooks.prolog(112, "0,2")
+    assert hooks.mapping() == {"1": "112\n", "3.1": "112\n"}
     assert hooks.prom(112) is not None
+    hooks.epilog(112)
+    assert hooks.mapping() == {"1": "", "3.1": ""}
     assert hooks.logs() == []
 
 
@@ -798,6 +909,34 @@ def test_missing_config_means_defaults(hooks, tmp_path):
     assert hooks.logs() == []
 
 
+def test_untrusted_config_epilog_removes_the_job_from_the_default_dirs(hooks, tmp_path):
+    """The prolog ran with the defaults; the config then turns world-writable: the epilog does not read it, and
+    removes the job from the default directories all the same (private mount namespace, tmpfs /run, /var/lib)."""
+    conf = tmp_path / "slurm-hooks.conf"
+    script = f"""
+        PATH=/usr/sbin:/usr/bin:/sbin:/bin
+        mount -t tmpfs hpcobs-test /run && mount -t tmpfs hpcobs-test /var/lib || exit 99
+        mkdir -p /run/hpcobs/dcgm-job-mapping /var/lib/node_exporter/textfile
+        rm -f {conf}
+        "$@" {PROLOG} || exit 98
+        cat /run/hpcobs/dcgm-job-mapping/0 || exit 97
+        printf "LOG_TAG='x'\\n" > {conf} && chmod 0666 {conf}
+        "$@" {EPILOG} || exit 96
+        printf '==\\n'; cat /run/hpcobs/dcgm-job-mapping/0; ls -A /var/lib/node_exporter/textfile
+    """
+    env = hooks.env(121, "0", "alice", "physics", "gpu", {})
+    p = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh", *hooks.shell],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert (p.returncode, p.stderr) == (0, "")
+    assert p.stdout == "121\n==\n"
+    (line,) = hooks.logs()
+    assert line.startswith("epilog job 121: config ") and line.endswith(
+        "not owned by root or is writable by others; not read; removing the job all the same"
+    )
+
+
 # ---------------------------------------------------------------------------
 # How the script is started
 
@@ -845,24 +984,81 @@ def test_unknown_mode_does_nothing(hooks, tmp_path):
     assert "not meant to run as prolog_slurmctld" in logs[1]
 
 
+def hold(lock: Path) -> subprocess.Popen:
+    """A process holding LOCK (as a stuck hook would) until killed."""
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"])
+    deadline = time.monotonic() + 10
+    while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return holder
+
+
 def test_stuck_lock_holder_does_not_block_the_job(hooks):
     hooks.configure("LOCK_TIMEOUT=1")
     lock = hooks.map / ".hpcobs.lock"
-    holder = subprocess.Popen(["flock", str(lock), "sleep", "30"])
+    holder = hold(lock)
     try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
         t0 = time.monotonic()
         hooks.prolog(140, "0")
+        assert time.monotonic() - t0 < 5
+        hooks.prolog(141, "0")  # the new lock file: no wait, nothing to report
         assert time.monotonic() - t0 < 5
     finally:
         holder.kill()
         holder.wait()
-    assert hooks.mapping() == {"0": "140\n"}
+    assert hooks.mapping() == {"0": "140\n141\n"}
     (line,) = hooks.logs()
-    assert "no lock on" in line and "continuing without it" in line
+    assert line.startswith("prolog job 140: no lock on ") and "replaced the lock file (its holder is stuck)" in line
+
+
+@pytest.mark.parametrize("scope", ["dir", "gpu"])
+def test_a_stuck_lock_loses_no_epilog_update(dash_hooks, scope):
+    """20 jobs' epilogs at once while a stuck process holds the lock: every id goes (the lock file is replaced
+    once, and the epilogs then take turns on the new one)."""
+    hooks = dash_hooks
+    hooks.configure(f"LOCK_SCOPE={scope}", "LOCK_TIMEOUT=3")
+    jobs = list(range(300, 320))
+    for job in jobs:
+        hooks.prolog(job, "0,1")
+    assert hooks.mapping() == {"0": "".join(f"{j}\n" for j in jobs), "1": "".join(f"{j}\n" for j in jobs)}
+    lock = hooks.map / (".hpcobs.lock" if scope == "dir" else ".hpcobs.lock.0")
+    holder = hold(lock)
+    try:
+        procs = [
+            subprocess.Popen([*hooks.shell, str(EPILOG)], env=hooks.env(j, "0,1", "alice", "physics", "gpu", {}),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for j in jobs
+        ]
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert (p.returncode, out, err) == (0, b"", b"")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert hooks.mapping() == {"0": "", "1": ""}
+    assert os.listdir(hooks.tf) == []
+    logs = hooks.logs()
+    # once, unless the machine is so busy that the queue on the new lock stands still for LOCK_TIMEOUT
+    replaced = [m for m in logs if "replaced the lock file" in m]
+    assert len(replaced) >= 1, logs
+    assert all("no lock on" in m for m in logs) and not any("without it" in m for m in logs), logs
+
+
+def test_a_lock_that_stays_stuck_is_done_without(hooks):
+    """If even the replacement cannot be had (here: the replacement lock is held too), the hook goes on."""
+    hooks.configure("LOCK_TIMEOUT=1")
+    hooks.prolog(142, "0")
+    holders = [hold(hooks.map / ".hpcobs.lock"), hold(hooks.map / ".hpcobs.replace.lock")]
+    try:
+        hooks.epilog(142, "0")
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert hooks.mapping() == {"0": ""}
+    (line,) = hooks.logs()
+    assert "no lock on" in line and "even after replacing it; continuing without it" in line
 
 
 # ---------------------------------------------------------------------------

@@ -236,7 +236,7 @@ def run_check(conf_text, gpus=None, tmp_path=None):
 def test_check_passes_for_a_good_config_and_names_the_mapping_files(tmp_path):
     real = tmp_path / "real-mapping"
     real.mkdir()
-    proc = run_check('MAPPING_DIR=%s\nGPU_MAP="0:2 1:3"\nMIG_MAP="2:0.1"\nLOGGER=logger\n' % real, "0-2", tmp_path)
+    proc = run_check("MAPPING_DIR='%s'\nGPU_MAP='0:2 1:3'\nMIG_MAP='2:0.1'\nLOGGER='logger'\n" % real, "0-2", tmp_path)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout == "mapping: 0.1 2 3\n"
     assert list(real.iterdir()) == []
@@ -248,10 +248,12 @@ def test_check_without_gpus_writes_no_mapping(tmp_path):
 
 
 @pytest.mark.parametrize("conf_text,gpus,message", [
-    ("GPU_MAP=0:x\n", None, "GPU_MAP entry '0:x'"),
+    ("GPU_MAP='0:x'\n", "0", "GPU index(es) 0 not in GPU_MAP"),
     ("LOCK_SCOPE=node\n", None, "LOCK_SCOPE must be dir or gpu"),
-    ('GPU_MAP="0:1"\n', "0,1", "GPU index(es) 1 not in GPU_MAP"),
-    ("NOT A LINE\n", None, "not KEY=VALUE"),
+    ("GPU_MAP='0:1'\n", "0,1", "GPU index(es) 1 not in GPU_MAP"),
+    ('GPU_MAP="0:1"\n', None, "line 1: not a setting (KEY='value')"),
+    ("NOT A LINE\n", None, "line 1: not a setting (KEY='value')"),
+    ("MIG_MAP='0:1.1\n", None, "line 1: not a setting (KEY='value')"),
 ])
 def test_check_fails_on_what_the_hook_reports(tmp_path, conf_text, gpus, message):
     proc = run_check(conf_text, gpus, tmp_path)

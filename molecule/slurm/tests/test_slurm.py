@@ -247,11 +247,13 @@ def test_hooks_installed_on_the_nodes_only(clusters):
                 assert (hook.user, hook.group, hook.mode) == ("root", "root", 0o755)
                 assert hook.content_string == source
             conf = host.file(HOOKS_CONF)
-            assert (conf.user, conf.mode) == ("root", 0o644)
+            assert (conf.user, conf.group, conf.mode) == ("root", "root", 0o644)
             settings = [line for line in conf.content_string.splitlines() if line and not line.startswith("#")]
-            assert settings == ["MAPPING_DIR=/run/hpcobs/dcgm-job-mapping", "TEXTFILE_DIR=/var/lib/node_exporter/textfile",
-                                'GPU_MAP=""', 'MIG_MAP=""', "LOCK_SCOPE=dir", "LOCK_TIMEOUT=10",
-                                "LOG_TAG=hpcobs-slurm-hooks", "LOGGER=logger"]
+            # sh assignments, every value quoted by the role (filter_plugins/hpcobs_slurm_hooks.py)
+            assert settings == ["MAPPING_DIR='/run/hpcobs/dcgm-job-mapping'",
+                                "TEXTFILE_DIR='/var/lib/node_exporter/textfile'", "GPU_MAP=''", "MIG_MAP=''",
+                                "LOCK_SCOPE='dir'", "LOCK_TIMEOUT='10'", "LOG_TAG='hpcobs-slurm-hooks'",
+                                "LOGGER='logger'"]
             mapping = host.file(MAPPING)
             assert mapping.is_directory and (mapping.user, mapping.mode) == ("root", 0o755)
             # the dcgm_exporter role declares the directory to systemd-tmpfiles; slurm_hooks adds no entry of its own
@@ -417,8 +419,9 @@ BAD_CASES = {
     "broken config": {
         "setup": "cp -p %s %s.verify-backup && echo 'THIS IS NOT A SETTING' >> %s" % (HOOKS_CONF, HOOKS_CONF, HOOKS_CONF),
         "teardown": "mv -f %s.verify-backup %s" % (HOOKS_CONF, HOOKS_CONF),
-        "log": [r"^prolog: config %s: line \d+: not KEY=VALUE; nothing done$" % HOOKS_CONF,
-                r"^epilog: config %s: line \d+: not KEY=VALUE; nothing done$" % HOOKS_CONF],
+        "log": [r"^prolog job {job}: config %s: line \d+: not a setting \(KEY='value'\); nothing done$" % HOOKS_CONF,
+                r"^epilog job {job}: config %s: line \d+: not a setting \(KEY='value'\); removing the job all the "
+                r"same$" % HOOKS_CONF],
         "mapping": False, "prom": False,
     },
 }
@@ -472,6 +475,59 @@ def test_bad_input_under_slurm_never_drains_a_node(clusters, case):
             hosts[cluster.name].run("rm -f /tmp/release-%s", tag)
     for cluster in clusters:
         assert_clean(cluster, sorted(cluster.node_names)[1])
+        assert hosts[cluster.name].check_output("hpcobs-slurm-hooks-check /etc/slurm/prolog.d/hpcobs-slurm-prolog "
+                                                "%s 0-3", HOOKS_CONF) == "mapping: 0 1 2 3"
+
+
+CONFIG_BREAKS = {
+    "a line that is not a setting": ("echo 'THIS IS NOT A SETTING' >> %s" % HOOKS_CONF,
+                                     r"line \d+: not a setting \(KEY='value'\)"),
+    "a group-writable config": ("chmod g+w %s" % HOOKS_CONF,
+                                r"it or its directory is not owned by root or is writable by others; not read"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_BREAKS))
+def test_config_broken_while_a_job_runs_still_lets_the_epilog_remove_it(clusters, case):
+    """The prolog maps the job; the config then breaks; the epilog removes the job all the same."""
+    setup, problem = CONFIG_BREAKS[case]
+    tag = uuid.uuid4().hex[:8]
+    started = int(time.time()) - 1
+    hosts = {cluster.name: cluster.gpu2 for cluster in clusters}
+    jobs = {}
+    try:
+        for cluster in clusters:
+            hosts[cluster.name].check_output("cp -p %s %s.verify-backup", HOOKS_CONF, HOOKS_CONF)
+            node = sorted(cluster.node_names)[1]
+            jobs[cluster.name] = submit(cluster, "carol", "physics", 2, node, release="/tmp/release-%s" % tag)
+        for cluster in clusters:
+            job, host = jobs[cluster.name], hosts[cluster.name]
+            wait_running(cluster, job)
+            wait_until("job %s mapped on %s" % (job, cluster.name),
+                       lambda: prom_files(host) == ["hpcobs_slurm_job_%s.prom" % job])
+            listed = sorted(name for name, content in mapping_files(host).items() if content == job + ",")
+            assert listed == [str(i) for i in gpu_indices(cluster, job)], listed
+            host.check_output(setup)
+            host.check_output("touch /tmp/release-%s", tag)
+        for cluster in clusters:
+            job, host = jobs[cluster.name], hosts[cluster.name]
+            wait_gone(cluster, job)
+            assert "JobState=COMPLETED" in cluster.ctl.check_output("scontrol show job %s", job)
+            assert_clean(cluster, sorted(cluster.node_names)[1])
+            lines = hook_log(host, started).splitlines()
+            assert len(lines) == 1, lines
+            assert re.match(r"^epilog job %s: config %s: %s; removing the job all the same$"
+                            % (job, HOOKS_CONF, problem), lines[0]), lines
+            assert_no_node_drained(cluster)
+    finally:
+        for cluster in clusters:
+            cluster.ctl.run("scancel --name=hpcobs-verify")
+        for cluster in clusters:
+            wait_until("no verify job left on %s" % cluster.name,
+                       lambda: cluster.ctl.check_output("squeue --noheader --name=hpcobs-verify") == "", timeout=60)
+            hosts[cluster.name].run("mv -f %s.verify-backup %s", HOOKS_CONF, HOOKS_CONF)
+            hosts[cluster.name].run("rm -f /tmp/release-%s", tag)
+    for cluster in clusters:
         assert hosts[cluster.name].check_output("hpcobs-slurm-hooks-check /etc/slurm/prolog.d/hpcobs-slurm-prolog "
                                                 "%s 0-3", HOOKS_CONF) == "mapping: 0 1 2 3"
 
