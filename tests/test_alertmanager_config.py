@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tooling import tool
+from tooling import SERVICE_ROLE, service_unit_vars, tool
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "alertmanager"
@@ -84,20 +84,22 @@ def rendered(tmp_path_factory):
         "connection": "local",
         "gather_facts": False,
         "vars_files": [str(ROLE / "vars" / "main.yml")],
-        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "vars": dict(service_unit_vars(ROLE), ansible_python_interpreter="{{ ansible_playbook_python }}",
+                     ansible_facts={"os_family": "Debian"}),
         "tasks": [
             {"name": "Directory", "ansible.builtin.file": {"path": str(out) + "/{{ inventory_hostname }}",
                                                            "state": "directory", "mode": "0755"}},
             {"name": "Files", "ansible.builtin.template": {
-                "src": str(ROLE / "templates") + "/{{ item }}.j2",
-                "dest": str(out) + "/{{ inventory_hostname }}/{{ item }}", "mode": "0644"},
-             "loop": ["alertmanager.yml", "alertmanager.service"]},
+                "src": "{{ item.src }}", "dest": str(out) + "/{{ inventory_hostname }}/{{ item.dest }}", "mode": "0644"},
+             "loop": [{"src": str(ROLE / "templates" / "alertmanager.yml.j2"), "dest": "alertmanager.yml"},
+                      {"src": str(SERVICE_ROLE / "templates" / "service.service.j2"), "dest": "alertmanager.service"}]},
         ],
     }]
     (work / "render.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
     command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(inventory), str(work / "render.yml")]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_FILTER_PLUGINS=str(SERVICE_ROLE / "filter_plugins"))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tooling import service_unit_vars
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "dcgm_exporter"
@@ -44,14 +45,6 @@ CASES = {
 }
 
 
-def unit_vars():
-    """The values configure.yml gives the shared unit template (its import_role of service, tasks_from unit)."""
-    tasks = yaml.safe_load((ROLE / "tasks" / "configure.yml").read_text())
-    calls = [task for task in tasks if (task.get("ansible.builtin.import_role") or {}).get("tasks_from") == "unit"]
-    assert len(calls) == 1, "configure.yml should write its unit through roles/service (tasks_from: unit)"
-    return calls[0]["vars"]
-
-
 def ansible_playbook():
     beside = Path(sys.executable).parent / "ansible-playbook"
     if beside.exists():
@@ -69,9 +62,8 @@ def rendered(tmp_path_factory):
     for case, overrides in CASES.items():
         (out / case).mkdir()
         # the role's defaults with the case's settings on top (vars_files would rank above play vars)
-        variables = yaml.safe_load((SERVICE / "defaults" / "main.yml").read_text())
-        variables.update(yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()))
-        variables.update(unit_vars())
+        variables = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+        variables.update(service_unit_vars(ROLE))
         variables.update({
             "ansible_python_interpreter": "{{ ansible_playbook_python }}",
             # what the role sees when it runs: its path and the host's OS family
