@@ -11,7 +11,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 mirror=$(python3 scripts/debian-mirror.py)
-packages=systemd,systemd-sysv,dbus,python3,python3-apt,iproute2,procps,ca-certificates,gnupg,less,curl
+packages=systemd,systemd-sysv,dbus,python3,python3-apt,python3-yaml,iproute2,procps,ca-certificates,gnupg,less,curl
 all="debian12:bookworm debian13:trixie"
 wanted=${*:-debian12 debian13}
 

@@ -1211,6 +1211,8 @@ def test_sanitize_faults_keeps_only_usable_entries():
     assert doc["retired"] == {"0": {"ecc_sbe_agg": 5}}
     assert len(problems) == 10, problems
     assert gpusim.sanitize_faults([1, 2])[0] == gpusim.empty_faults()
+    doc, problems = gpusim.sanitize_faults({"faults": {"1": {"pcie": {"since": 5, "rate": "2.5"}}}})
+    assert doc["faults"]["1"]["pcie"] == {"since": 5.0, "rate": 2.5} and problems == []
 
 
 def test_hostile_faults_file_does_not_take_metrics_down(sim):

@@ -115,7 +115,7 @@ def sanitize_faults(data):
                 continue
             clean = {"since": float(entry["since"])}
             if entry.get("rate") is not None:
-                clean["rate"] = entry["rate"]
+                clean["rate"] = check_rate(entry["rate"])
             if kind == "xid":
                 clean["code"] = entry["code"]
             doc["faults"].setdefault(gpu_key, {})[kind] = clean
