@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Scrape-latency benchmark for the GPU simulator.
 
-Starts roles/lab_gpu_simulator/files/hpcobs-gpusim on a free loopback port
+Starts roles/lab_gpu_simulator/files/hpcobs-gpusim (the launcher of its
+hpcobs_gpusim package) on a free loopback port
 with 8 GPUs and a counters CSV of the first 30 metric fields of the canonical
 hpcobs CSV (plus its DCGM_FI_DRIVER_VERSION label row), maps one Slurm job to
 half of the GPUs, scrapes /metrics 100 times over HTTP and prints the median,

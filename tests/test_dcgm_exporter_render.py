@@ -7,8 +7,7 @@ configure.yml gives it) are rendered by ansible-playbook on localhost for each m
 flags, device access, capabilities, host engine ordering, `systemd-analyze verify` and `systemd-analyze security`,
 and the CSV is parsed by the GPU simulator's dcgm-exporter-compatible parser.
 """
-import importlib.machinery
-import importlib.util
+import importlib
 import json
 import os
 import shutil
@@ -235,11 +234,14 @@ def test_exposure_score(rendered, case, limit, tmp_path):
 
 
 def load_simulator():
-    loader = importlib.machinery.SourceFileLoader("hpcobs_gpusim_for_csv", str(SIM))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    """The simulator's package (hpcobs_gpusim, beside its launcher SIM), imported without writing bytecode there."""
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    sys.path.insert(0, str(SIM.parent))
+    try:
+        return importlib.import_module("hpcobs_gpusim")
+    finally:
+        sys.path.remove(str(SIM.parent))
+        sys.dont_write_bytecode = saved
 
 
 def test_counters_csv_is_the_roles_file_plus_extra_rows_and_parses(rendered):

@@ -1,11 +1,11 @@
-"""Tests for the GPU simulator (roles/lab_gpu_simulator/files/hpcobs-gpusim).
+"""Tests for the GPU simulator (roles/lab_gpu_simulator/files: the hpcobs-gpusim launcher and its hpcobs_gpusim
+package).
 
 Most tests run the real program as a subprocess on a free loopback port and
-scrape it over HTTP; pure functions are unit-tested by importing the file.
+scrape it over HTTP; pure functions are unit-tested by importing the package.
 """
 
-import importlib.machinery
-import importlib.util
+import importlib
 import json
 import os
 import re
@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROG = ROOT / "roles" / "lab_gpu_simulator" / "files" / "hpcobs-gpusim"
+FILES = ROOT / "roles" / "lab_gpu_simulator" / "files"
+PROG = FILES / "hpcobs-gpusim"
+PACKAGE = FILES / "hpcobs_gpusim"
 COUNTERS = ROOT / "roles" / "dcgm_exporter" / "files" / "hpcobs-counters.csv"
 DATA = Path(__file__).resolve().parent / "data" / "gpusim"
 # Run the program under another interpreter (e.g. a Python 3.13) by setting
@@ -38,12 +40,11 @@ BASE_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName"]
 def _load_module():
     # no bytecode next to the program: the role ships that directory
     saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    sys.path.insert(0, str(FILES))
     try:
-        loader = importlib.machinery.SourceFileLoader("hpcobs_gpusim", str(PROG))
-        spec = importlib.util.spec_from_loader("hpcobs_gpusim", loader)
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
+        module = importlib.import_module("hpcobs_gpusim")
     finally:
+        sys.path.remove(str(FILES))
         sys.dont_write_bytecode = saved
     return module
 
@@ -287,9 +288,15 @@ def test_shebang_and_stdlib_only():
     assert text.startswith("#!/usr/bin/python3\n")
     assert os.access(PROG, os.X_OK)
     stdlib = set(sys.stdlib_module_names)
-    imported = set(re.findall(r"^(?:from|import) ([A-Za-z_][A-Za-z0-9_]*)", text, re.M))
-    assert imported, "no imports found"
-    assert imported <= stdlib, imported - stdlib
+    sources = [PROG] + sorted(PACKAGE.glob("*.py"))
+    assert len(sources) > 5, sources
+    found = set()
+    for source in sources:
+        # absolute imports only: the package's own modules import each other relatively ("from .x import")
+        imported = set(re.findall(r"^\s*(?:from|import) ([A-Za-z_][A-Za-z0-9_]*)", source.read_text(), re.M))
+        assert imported <= stdlib | {"hpcobs_gpusim"}, (source.name, imported - stdlib)
+        found |= imported
+    assert len(found) > 10, found
 
 
 def test_go_style_and_ignored_flags_are_accepted(make_sim):
@@ -358,8 +365,9 @@ def test_format_help_type_labels_and_order(sim):
     metric_rows = [r for r in rows if r[1] != "label"]
     label_rows = [r[0] for r in rows if r[1] == "label"]
     assert label_rows == ["DCGM_FI_DRIVER_VERSION"]
-    # exactly the CSV's metric fields, each with its CSV help and type, in CSV order
-    assert m.family_order == [r[0] for r in metric_rows]
+    # exactly the CSV's metric fields, each with its CSV help and type, in DCGM field-id order (as dcgm-exporter:
+    # its template walks a map keyed by counter, field id first), whatever the CSV order
+    assert m.family_order == sorted((r[0] for r in metric_rows), key=lambda n: (gpusim.FIELD_IDS[n], n))
     for name, kind, help_text in metric_rows:
         assert m.help[name] == help_text
         assert m.type[name] == kind
@@ -439,7 +447,8 @@ def test_csv_parser_rules():
         "DCGM_FI_DEV_SM_CLOCK, gaugy, a\n": "Prometheus metric type 'gaugy'",
         "DCGM_FI_NOPE, gauge, a\n": "unknown ExporterCounter field 'DCGM_FI_NOPE'",
         "DCGM_FI_DEV_SM_CLOCK, gauge, a\nDCGM_FI_DEV_SM_CLOCK, gauge, b\n": "twice",
-        "DCGM_EXP_XID_ERRORS_COUNT, gauge, a\n": "not simulated",
+        "DCGM_EXP_XID_ERRORS_COUNTXXX, gauge, a\n": "could not find DCGM field",
+        "DCGM_FI_DEV_FAN_SPEED, gaugy, a\n": "Prometheus metric type 'gaugy'",
     }
     for text, message in bad.items():
         with pytest.raises(gpusim.CsvError, match=re.escape(message)):
@@ -497,9 +506,15 @@ def test_identity_is_stable_per_host_and_gpu(make_sim):
     assert gpusim.kernel_pci_id("00000000:3B:00.0") == "0000:3b:00"
 
 
-def test_http_endpoints(sim):
-    status, body = sim.get("/health")
-    assert (status, body) == (200, "KO")       # what dcgm-exporter itself answers
+@pytest.mark.parametrize("emulate", [None, "4.7", "4.8", "main", "4.4.2-4.7.1"])
+def test_http_endpoints(make_sim, emulate):
+    sim = make_sim(extra=["--emulate", emulate] if emulate else []).start()
+    with urllib.request.urlopen("http://127.0.0.1:%d/health" % sim.port) as resp:
+        status, body, registry = resp.status, resp.read().decode(), resp.headers["X-Registry-Available"]
+    if emulate in ("4.7", "4.4.2-4.7.1"):
+        assert (status, body, registry) == (200, "KO", None)   # dcgm-exporter up to 4.7.x
+    else:
+        assert (status, body, registry) == (200, "OK", "true")  # 4.8.x and later (the default: the newest)
     status, body = sim.get("/")
     assert status == 200 and "/metrics" in body
     status, body = sim.get("/nope")
@@ -719,6 +734,7 @@ def test_unreadable_mapping_file_permission_denied(make_sim):
         prog = base / "hpcobs-gpusim"
         csv = base / "counters.csv"
         shutil.copy(PROG, prog)
+        shutil.copytree(PACKAGE, base / "hpcobs_gpusim", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(COUNTERS, csv)
         os.chmod(prog, 0o755)
         os.chmod(csv, 0o644)
@@ -1021,3 +1037,206 @@ def test_energy_monotonic_across_restarts(sim):
     assert e5 > e4 > e3
     saved = json.loads((sim.state / "state.json").read_text())
     assert len(saved["gpus"]) == 4
+
+
+# ---------------------------------------------------------------------------
+# dcgm-exporter releases (--emulate), field order, tolerant counters CSV
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("emulate,label", [("4.7", "Hostname"), ("4.8", "Hostname"), ("main", "hostname"),
+                                           (None, "Hostname")])
+def test_emulate_host_label(make_sim, emulate, label):
+    s = make_sim(extra=["--emulate", emulate] if emulate else []).start()
+    for sample in s.scrape().samples:
+        keys = [k for k, _ in sample["pairs"]]
+        assert keys[5] == label and sample["labels"][label] == "testnode", keys
+        assert {"Hostname", "hostname"} - {label} <= {"Hostname", "hostname"} - set(keys)
+
+
+def test_emulate_choices_and_release_names():
+    resolve = gpusim.resolve_emulation
+    assert gpusim.DEFAULT_EMULATION == "4.8"
+    assert resolve("4.4.2-4.7.1").name == "4.7" and resolve("3.3.9-3.6.1").name == "4.7"
+    assert resolve("4.5.3-4.8.2").name == "4.8" and resolve("4.8.0").name == "4.8"
+    assert resolve("main").hostname_label == "hostname"
+    assert resolve("4.8").health_headers == (("X-Registry-Available", "true"),)
+    for bad in ("4.9.0", "latest", "", "4", "4.8.2-"):
+        with pytest.raises(gpusim.ConfigError):
+            resolve(bad)
+
+
+def test_emulate_bad_value_stops_startup(tmp_path):
+    result = subprocess.run(LAUNCH + ["-a", "127.0.0.1:%d" % free_port(), "-f", str(COUNTERS),
+                             "--sim-state-dir", str(tmp_path), "--emulate", "5.0"],
+                            capture_output=True, text=True, timeout=20,
+                            env={**os.environ, "HPCOBS_GPUSIM_CONFIG": "none"})
+    assert result.returncode == 1 and "emulate must be one of" in result.stderr
+
+
+def test_families_in_field_id_order_whatever_the_csv_order(make_sim, tmp_path):
+    csv_path = tmp_path / "reversed.csv"
+    csv_path.write_text("DCGM_FI_PROF_DRAM_ACTIVE, gauge, d\nDCGM_FI_DEV_XID_ERRORS, gauge, x\n"
+                        "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_FI_DRIVER_VERSION, label, v\n"
+                        "DCGM_FI_DEV_SM_CLOCK, gauge, c\n")
+    m = make_sim(csv=csv_path).start().scrape()
+    assert m.family_order == ["DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS",
+                              "DCGM_FI_PROF_DRAM_ACTIVE"]                      # ids 100, 150, 230, 1005
+    assert [gpusim.FIELD_IDS[n] for n in m.family_order] == [100, 150, 230, 1005]
+
+
+def test_csv_exporter_and_unsimulated_rows_are_skipped_with_a_warning():
+    warnings = []
+    counters = gpusim.parse_counters_csv(
+        "DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_EXP_XID_ERRORS_COUNT, gauge, x\nDCGM_EXP_P2P_STATUS, counter, p\n"
+        "DCGM_FI_DEV_FAN_SPEED, gauge, fan\nDCGM_FI_DEV_NVLINK_BANDWIDTH_L0, counter, legacy name\n",
+        warn=warnings.append)
+    assert [c.name for c in counters] == ["DCGM_FI_DEV_GPU_TEMP"]
+    assert len(warnings) == 4
+    assert "DCGM_EXP_XID_ERRORS_COUNT is computed by dcgm-exporter itself" in warnings[0]
+    assert "DCGM_FI_DEV_FAN_SPEED (id 191) is not simulated" in warnings[2]
+    assert gpusim.dcgm_field_id("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL") == 449    # a legacy name, still valid
+
+
+def test_csv_with_exporter_and_unsimulated_rows_starts(make_sim, tmp_path):
+    csv_path = tmp_path / "mixed.csv"
+    csv_path.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, t\nDCGM_EXP_CLOCK_EVENTS_COUNT, gauge, c\n"
+                        "DCGM_FI_DEV_FAN_SPEED, gauge, fan\n")
+    s = make_sim(csv=csv_path).start()
+    assert s.scrape().family_order == ["DCGM_FI_DEV_GPU_TEMP"]
+    log = s.stderr_text()
+    assert "DCGM_EXP_CLOCK_EVENTS_COUNT" in log and "DCGM_FI_DEV_FAN_SPEED (id 191) is not simulated" in log
+    assert "level=WARN" in log
+
+
+# ---------------------------------------------------------------------------
+# counters, XID texts
+# ---------------------------------------------------------------------------
+
+CUMULATIVE = ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+              "DCGM_FI_PROF_PCIE_TX_BYTES_TOTAL", "DCGM_FI_PROF_PCIE_RX_BYTES_TOTAL",
+              "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
+              "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+              "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"]
+
+
+def test_counters_never_go_down():
+    sim_obj = gpusim.Simulator({"hostname": "unit", "model": gpusim.DEFAULT_MODEL,
+                                "driver_version": "550.127.05", "gpus": 2, "mig": {0: 2},
+                                "busy_gpus": [], "seed": 7})
+    faults = gpusim.empty_faults()
+    faults["faults"]["1"] = {"nvlink": {"since": 1000.0, "rate": 10}, "thermal": {"since": 1000.0},
+                             "pcie": {"since": 1000.0}}
+    history = []
+    for step in range(60):
+        busy = {"0.1": ["7"], "1": ["8"]} if (step // 5) % 2 == 0 else {}   # load comes and goes
+        sim_obj.tick(1000.0 + step, busy, faults)
+        history.append({(e.key, n): gpusim.render.field_value(n, e)
+                        for g in sim_obj.gpus for e in g.entities for n in CUMULATIVE})
+    for key in history[0]:
+        values = [h[key] for h in history]
+        assert all(b >= a for a, b in zip(values, values[1:])), (key, values)
+    nvlink = [h[("1", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")] for h in history]
+    assert nvlink[4] > nvlink[1] > 0 and nvlink[9] == nvlink[6]     # grows while busy, flat while idle
+    for key in ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_THERMAL_VIOLATION"):
+        assert history[-1][("1", key)] > history[0][("1", key)]
+
+
+def test_traffic_counters_persist_across_restarts(sim):
+    (sim.map / "0").write_text("9\n")
+    a = sim.scrape()
+    time.sleep(0.2)
+    b = sim.scrape()
+    sim.restart()
+    c = sim.scrape()
+    for gpu in ("0",):
+        va, vb, vc = (x.value("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu=gpu) for x in (a, b, c))
+        assert va < vb <= vc
+
+
+def test_xid_texts_are_the_exporters_table():
+    texts = gpusim.xid_texts()
+    assert sorted(texts) == list(range(173))                     # 0-172, every code of the upstream table
+    assert texts[0] == "No Error" and texts[48] == "Double Bit ECC Error"
+    assert texts[79] == "GPU has fallen off the bus" and texts[94] == "Contained ECC error"
+    assert texts[119] == "GSP RPC Timeout" and texts[154] == "GPU Recovery Action Changed"
+    assert texts[172] == "Uncorrectable SRAM Error"
+    assert gpusim.xid_name(173) == gpusim.xid_name(999) == "Unknown Error"
+    assert all(t and "\t" not in t and '"' not in t for t in texts.values())
+
+
+def test_xid_err_msg_for_any_code(sim):
+    sim.fault("set", "--gpu", "1", "xid", "--code", "140")
+    sim.fault("set", "--gpu", "2", "xid", "--code", "500")
+    m = sim.scrape()
+    assert m.select("DCGM_FI_DEV_XID_ERRORS", gpu="1")[0]["labels"]["err_msg"] == "Unrecovered ECC Error"
+    assert m.select("DCGM_FI_DEV_XID_ERRORS", gpu="2")[0]["labels"]["err_msg"] == "Unknown Error"
+
+
+# ---------------------------------------------------------------------------
+# fault rates and hostile fault files
+# ---------------------------------------------------------------------------
+
+
+def test_fault_rate_rejects_inf_nan_and_huge(sim):
+    for bad in ("inf", "-inf", "nan", "1e7", "1e309", "-1", "abc"):
+        result = sim.fault("set", "--gpu", "0", "ecc-dbe", "--rate", bad, check=False)
+        assert result.returncode == 2, (bad, result.stderr)
+        assert "rate" in result.stderr
+    assert not (sim.state / "faults.json").exists()
+    sim.fault("set", "--gpu", "0", "ecc-dbe", "--rate", "1e6")
+    assert sim.scrape().value("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="0") >= 1
+    sim.fault("clear")
+    for bad in (float("inf"), float("nan"), 1e6 + 1, 0, True, "5"):
+        with pytest.raises(ValueError):
+            gpusim.check_rate(bad) if not isinstance(bad, str) else gpusim.check_rate("x" + bad)
+
+
+HOSTILE = {
+    "version": 1,
+    "faults": {
+        "0": {"ecc-dbe": {"since": 1.0, "rate": float("inf")}, "thermal": {"since": 1.0}},
+        "1": {"ecc-sbe": {"since": "yesterday"}, "xid": {"since": 1.0, "code": 5000}, "melt": {"since": 1.0}},
+        "2": {"pcie": {"since": 1.0, "rate": 1e300}, "nvlink": {"since": float("nan")}},
+        "x": {"thermal": {"since": 1.0}},
+        "3": "nonsense",
+    },
+    "retired": {"0": {"ecc_dbe_agg": "lots", "ecc_sbe_agg": 5}, "9": [1]},
+}
+
+
+def test_sanitize_faults_keeps_only_usable_entries():
+    doc, problems = gpusim.sanitize_faults(json.loads(json.dumps(HOSTILE)))
+    assert doc["faults"] == {"0": {"thermal": {"since": 1.0}}}
+    assert doc["retired"] == {"0": {"ecc_sbe_agg": 5}}
+    assert len(problems) == 10, problems
+    assert gpusim.sanitize_faults([1, 2])[0] == gpusim.empty_faults()
+    doc, problems = gpusim.sanitize_faults({"faults": {"1": {"pcie": {"since": 5, "rate": "2.5"}}}})
+    assert doc["faults"]["1"]["pcie"] == {"since": 5.0, "rate": 2.5} and problems == []
+
+
+def test_hostile_faults_file_does_not_take_metrics_down(sim):
+    (sim.state / "faults.json").write_text(json.dumps(HOSTILE))     # inf/nan are written as Infinity/NaN
+    m = sim.scrape()
+    assert m.value("DCGM_FI_DEV_GPU_TEMP", gpu="0") >= 88                   # the one usable fault applies
+    assert m.value("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="0") == 0
+    assert m.value("DCGM_FI_DEV_PCIE_LINK_WIDTH", gpu="2") == 16
+    assert "ignoring unusable faults" in sim.stderr_text()
+    listed = sim.fault("list", "--json")
+    assert json.loads(listed.stdout) == {"0": {"thermal": {"since": 1.0}}} and "ignored" in listed.stderr
+    sim.fault("clear", "--gpu", "1")                                       # repairs the file
+    assert gpusim.sanitize_faults(json.loads((sim.state / "faults.json").read_text()))[1] == []
+    sim.fault("clear")
+    assert sim.scrape().value("DCGM_FI_DEV_GPU_TEMP", gpu="0") < 60
+
+
+def test_unparsable_faults_file(sim):
+    sim.fault("set", "--gpu", "1", "thermal")
+    assert sim.scrape().value("DCGM_FI_DEV_GPU_TEMP", gpu="1") >= 88
+    (sim.state / "faults.json").write_text("{not json")
+    assert sim.scrape().value("DCGM_FI_DEV_GPU_TEMP", gpu="1") >= 88       # keeps the previous faults
+    assert sim.fault("list", check=False).returncode == 1
+    assert sim.fault("set", "--gpu", "0", "pcie", check=False).returncode == 1
+    sim.fault("clear")                                                     # clear-all starts a new file
+    assert json.loads(sim.fault("list", "--json").stdout) == {}
+    assert sim.scrape().value("DCGM_FI_DEV_GPU_TEMP", gpu="1") < 60

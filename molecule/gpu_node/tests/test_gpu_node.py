@@ -8,7 +8,7 @@ import pytest
 from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
 from polling import wait_for
 
-from gpu_node_lib import (BASE_LABELS, COUNTERS, MAPPING_DIR, MIG_LABELS, SIM, expected, expected_entities,
+from gpu_node_lib import (BASE_LABELS, COUNTERS, EXPORTER, MAPPING_DIR, MIG_LABELS, SIM, expected, expected_entities,
                           http_get, parse, scrape, series, csv_fields)
 
 
@@ -76,8 +76,23 @@ def test_simulator_config_from_role_variables(host):
 
 # --- HTTP endpoints -------------------------------------------------------------------------------------------------
 
-def test_health_is_200_with_body_ko_like_dcgm_exporter(host):
-    assert http_get(host, "/health") == (200, "KO")
+def test_health_is_200_ok_with_registry_header_like_dcgm_exporter_4_8(host):
+    # lab_gpu_simulator_emulate defaults to the newest dcgm-exporter release (4.8.x); up to 4.7.x the body was "KO"
+    assert http_get(host, "/health") == (200, "OK")
+    script = ("import urllib.request; r = urllib.request.urlopen('%s/health', timeout=10); "
+              "print(r.headers['X-Registry-Available'])" % EXPORTER)
+    assert host.check_output("python3 -c %s", script) == "true"
+
+
+def test_simulator_installed_as_package_and_launcher(host):
+    launcher = host.file("/usr/local/bin/hpcobs-gpusim")
+    assert launcher.is_file and launcher.mode == 0o755 and launcher.user == "root"
+    package = host.file("/usr/local/lib/hpcobs-gpusim/hpcobs_gpusim")
+    assert package.is_directory and package.mode == 0o755
+    for name in ("__init__.py", "cli.py", "server.py", "data/xid-texts.txt"):
+        f = host.file("/usr/local/lib/hpcobs-gpusim/hpcobs_gpusim/" + name)
+        assert f.is_file and f.mode == 0o644 and f.user == "root", name
+    assert host.check_output("/usr/local/bin/hpcobs-gpusim --version").startswith("hpcobs-gpusim ")
 
 
 def test_gpu_temp_series_have_the_exact_label_set(host):
