@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from exposition import parse_exposition, value
 from tooling import tool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,24 +34,6 @@ def load_collector():
 
 
 collector = load_collector()
-
-
-def parse_exposition(text):
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
-        assert match, line
-        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or "")))
-        key = (match.group(1), labels)
-        assert key not in samples, "duplicate series %s" % (key,)
-        samples[key] = float(match.group(3))
-    return samples
-
-
-def value(samples, name, **labels):
-    return samples.get((name, tuple(sorted(labels.items()))))
 
 
 # --- command output captured on the lab's real Slurm ------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
+from exposition import parse_exposition, value
 from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
 from polling import wait_for
 
@@ -44,19 +45,7 @@ def metrics(ctl):
     text = ctl.check_output(
         "python3 -c \"import urllib.request,sys;"
         "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:%d/metrics', timeout=10).read().decode())\"" % PORT)
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
-        assert match, "not an exposition line: %r" % line
-        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or "")))
-        samples[(match.group(1), labels)] = float(match.group(3))
-    return samples
-
-
-def value(samples, name, **labels):
-    return samples.get((name, tuple(sorted(labels.items()))))
+    return parse_exposition(text)
 
 
 @pytest.fixture(scope="module", params=CLUSTERS)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 import testinfra
+from exposition import parse_exposition
 from polling import wait_for
 
 CTL, GPU, MGMT = "native-ctl", "native-gpu1", "native-mgmt"
@@ -45,18 +46,6 @@ def get(name, url):
     out = podman(name).check_output("python3 -c %s %s", _GET, url)
     code, _, body = out.partition("\n")
     return int(code), body
-
-
-def exposition(text):
-    samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$", line)
-        assert match, "not an exposition line: %r" % line
-        labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or "")))
-        samples[(match.group(1), labels)] = float(match.group(3))
-    return samples
 
 
 def query(expr):
@@ -110,7 +99,7 @@ def test_the_role_chose_native_metrics_on_its_own(ctl):
     assert "--mode=extras" in unit
     # extras only: the collector leaves the slurm_* series to slurmctld
     _, body = get(CTL, "http://127.0.0.1:9341/metrics")
-    names = {name for name, _ in exposition(body)}
+    names = {name for name, _ in parse_exposition(body)}
     assert "hpcobs_slurm_node_state_info" in names
     assert not {n for n in names if n.startswith("slurm_")}, sorted(names)
 
@@ -122,7 +111,7 @@ def test_slurmctld_serves_openmetrics_on_its_port(job):
         code, body = get(MGMT, "http://%s:%d%s" % (CTL, PORT, path))
         assert code == 200, (path, code, body[:300])
         assert "# TYPE slurm_" in body, body[:300]
-        seen.update(exposition(body))
+        seen.update(parse_exposition(body))
     assert seen[("slurm_nodes", ())] == 1
     assert seen[("slurm_node_gpus", (("node", GPU),))] == 2
     assert seen[("slurm_partition_gpus", (("partition", "gpu"),))] == 2
