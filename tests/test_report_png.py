@@ -180,6 +180,15 @@ def find_text(width, height, rows, text, color, scale):
     return found
 
 
+def test_the_font_has_a_distinct_5x7_glyph_for_every_character_it_draws():
+    glyphs = {char: tuple(rows) for char, rows in report.FONT.items()}
+    assert all(len(rows) == 7 and all(0 <= r < 32 for r in rows) for rows in glyphs.values())
+    assert len(set(glyphs.values())) == len(glyphs)              # no two characters look alike
+    assert all(any(rows) for char, rows in glyphs.items() if char != " ")
+    assert set("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ.,:-_/%()") <= set(glyphs)
+    assert report.glyph("k") == report.glyph("K") and report.glyph("~") == report.glyph("?")
+
+
 # ------------------------------------------------------------------------------------------------ the report's chart
 def run_report(vm, out_dir, *extra):
     start = datetime.datetime.fromtimestamp(REPORT_START, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M")
