@@ -370,6 +370,15 @@ def test_board_variables_defaults_and_clear_failures(vm, tmp_path):
     assert other.returncode == 1 and "'piechart' is not rendered" in other.stderr
 
 
+@pytest.mark.parametrize("kind", ["stat", "timeseries", "table"])
+def test_board_shows_no_value_for_nan_and_inf_as_grafana_does(vm, tmp_path, kind):
+    dash = write_dashboard(tmp_path / "d.json", "fleet:hpcobs_gpus:count / 0", kind=kind)
+    done = report.board(vm, dash, str(tmp_path), 3600, now=NOW)
+    assert done[0]["values"] == [] and not done[0].get("error")
+    width, height, rows = decode(Path(done[0]["file"]).read_bytes())
+    assert find_text(width, height, rows, "No data", report.GREY, 2 if kind == "table" else 4)
+
+
 def test_board_command_line_defaults_to_the_shipped_dashboard(vm, tmp_path):
     out = subprocess.run(["python3", str(FILES / "hpcobs-report"), "board", "--url", vm, "--out-dir", str(tmp_path),
                           "--range", "2h"], capture_output=True, text=True, timeout=120)
