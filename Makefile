@@ -15,12 +15,12 @@ GPU ?= 0
 FAULT ?= ecc-dbe
 CODE ?=
 
-.PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-status \
+.PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-report lab-status \
         test lint unit molecule bench
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-status lint unit molecule bench"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench"
 
 setup:
 	@scripts/setup.sh
@@ -63,6 +63,10 @@ lab-fault:
 
 lab-jobs:
 	@scripts/lab.sh jobs
+
+# hpcobs-report (month to date) and the executive board as PNG files from the lab's VictoriaMetrics: .cache/lab-report
+lab-report:
+	@scripts/lab.sh report
 
 test:
 	@scripts/test.sh

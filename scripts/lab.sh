@@ -6,6 +6,7 @@
 #   scripts/lab.sh status                   what runs and where
 #   scripts/lab.sh fault NODE GPU KIND [CODE]   inject a simulated GPU fault (KIND clear removes faults)
 #   scripts/lab.sh jobs                     submit a mix of Slurm jobs across two accounts
+#   scripts/lab.sh report                   hpcobs-report (month to date) and the executive board as PNG files
 #
 # Every service is published on 127.0.0.1 only. The bundle comes from files/bundle when one is there (built with
 # make bundle on a connected machine), else from upstream, else from the local mirror (.cache/bundle-local).
@@ -31,6 +32,15 @@ ports() {
     gpu01) echo "29102:9100 29402:9400 29292:9290 29632:9633" ;;
     gpu02) echo "29103:9100 29403:9400 29293:9290 29633:9633" ;;
   esac
+}
+
+# host_port HOST CONTAINERPORT: the 127.0.0.1 port published for it (from ports above)
+host_port() {
+  for pair in $(ports "$1"); do
+    [ "${pair#*:}" = "$2" ] && { echo "${pair%%:*}"; return 0; }
+  done
+  echo "lab: $1 publishes no port $2" >&2
+  return 1
 }
 
 choose_bundle() {
@@ -176,6 +186,20 @@ jobs() {
   podman exec "${prefix}slurmctl01" hpcobs-lab-jobs
 }
 
+# The report and the executive board from the lab's VictoriaMetrics (mgmt01, its port 8428), no Grafana needed.
+report() {
+  url=http://127.0.0.1:$(host_port mgmt01 8428)
+  out=.cache/lab-report
+  mkdir -p "$out"
+  tool=roles/slurm_metrics/files/hpcobs-report
+  python3 "$tool" --url "$url" --month-to-date --out-dir "$out" >/dev/null
+  python3 "$tool" board --url "$url" --out-dir "$out" --range 24h >/dev/null
+  say "wrote into $out:"
+  for file in "$out"/hpcobs-*; do
+    printf '  %s  %s bytes\n' "$file" "$(wc -c <"$file")"
+  done
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -184,5 +208,6 @@ case "$cmd" in
   status) status ;;
   fault) fault "$@" ;;
   jobs) jobs ;;
-  *) echo "usage: $0 up|down|status|fault NODE GPU KIND [CODE]|jobs" >&2; exit 2 ;;
+  report) report ;;
+  *) echo "usage: $0 up|down|status|fault NODE GPU KIND [CODE]|jobs|report" >&2; exit 2 ;;
 esac

@@ -297,7 +297,8 @@ def test_report_command_line_writes_csv_and_markdown(vm, tmp_path):
     assert out.returncode == 0, out.stderr
     print(out.stdout)
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 2 and files[0].endswith(".csv") and files[1].endswith(".md")
+    # the PNG chart is read back in tests/test_report_png.py
+    assert len(files) == 3 and [f.rsplit(".", 1)[1] for f in files] == ["csv", "md", "png"]
     rows = list(csv.DictReader((tmp_path / files[0]).open()))
     assert {(r["level"], r["account"], r["user"]) for r in rows} == {
         ("account", "physics", ""), ("account", "chemistry", ""), ("user", "physics", "alice"),
