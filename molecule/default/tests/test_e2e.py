@@ -249,6 +249,9 @@ def test_jobstats_and_report_give_the_numbers_of_the_raw_series(e2e):
     markdown = sh(CTL, "hpcobs-report --start %s --end %s --price-kwh 0.25 --co2-g-per-kwh 350 "
                        "--out-dir /tmp/e2e-report" % (iso(period_start), iso(period_end)))
     rows = list(csv.DictReader(io.StringIO(sh(CTL, "cat /tmp/e2e-report/*.csv"))))
+    # and its chart: one PNG beside the CSV and the Markdown
+    assert sh(CTL, "for f in /tmp/e2e-report/*.png; do head -c 8 \"$f\" | od -An -tx1; done").split() == [
+        "89", "50", "4e", "47", "0d", "0a", "1a", "0a"]
     physics = [r for r in rows if r["level"] == "account" and r["account"] == "physics"]
     alice = [r for r in rows if r["level"] == "user" and (r["account"], r["user"]) == ("physics", "alice")]
     assert len(physics) == 1 and len(alice) == 1, rows
