@@ -20,11 +20,9 @@ import importlib.machinery
 import importlib.util
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ sys.path.insert(0, str(REPO / "tests" / "dashboards"))
 
 import queries  # noqa: E402
 from tooling import tool
+from tooling import victoriametrics as running_victoriametrics
 
 DASHBOARD_DIR = REPO / "roles" / "grafana" / "files" / "dashboards"
 GENERATOR = REPO / "roles" / "grafana" / "dashboards" / "generate.py"
@@ -279,51 +278,20 @@ def test_harness_builtin_values_follow_the_dashboard_range():
         queries.range_seconds({"time": {"from": "2026-01-01", "to": "now"}})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def victoriametrics(tmp_path_factory):
     """A real victoria-metrics on a free loopback port, loaded with a few GPU series of the last 20 minutes."""
-    data = tmp_path_factory.mktemp("vm")
-    port = _free_port()
-    url = "http://127.0.0.1:%d" % port
-    process = subprocess.Popen([str(tool("victoria-metrics")), "-storageDataPath=%s" % data,
-                                "-httpListenAddr=127.0.0.1:%d" % port, "-search.latencyOffset=0s",
-                                "-search.disableCache", "-loggerLevel=ERROR"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None, process.stderr.read().decode()
-                assert time.time() < deadline, "victoria-metrics did not start"
-                time.sleep(0.2)
-        now = int(time.time())
-        lines = []
-        for step in range(80):
-            ts = (now - 1200 + step * 15) * 1000
-            for gpu in ("0", "1"):
-                job = '",hpc_job="4242' if gpu == "0" else ""
-                lines.append('DCGM_FI_DEV_GPU_TEMP{node="gpu07",gpu="%s%s"} %d %d' % (gpu, job, 50 + step % 7, ts))
-                lines.append('DCGM_FI_DEV_POWER_USAGE{node="gpu07",gpu="%s%s"} %.1f %d' % (gpu, job, 300.5, ts))
-            lines.append('hpcobs_slurm_job_info{node="gpu07",hpc_job="4242",user="alice",account="physics"} 1 %d' % ts)
-        request = urllib.request.Request(url + "/api/v1/import/prometheus", data="\n".join(lines).encode(),
-                                         method="POST")
-        with urllib.request.urlopen(request, timeout=10):
-            pass
-        with urllib.request.urlopen(url + "/internal/force_flush", timeout=10):
-            pass
+    now = int(time.time())
+    lines = []
+    for step in range(80):
+        ts = (now - 1200 + step * 15) * 1000
+        for gpu in ("0", "1"):
+            job = '",hpc_job="4242' if gpu == "0" else ""
+            lines.append('DCGM_FI_DEV_GPU_TEMP{node="gpu07",gpu="%s%s"} %d %d' % (gpu, job, 50 + step % 7, ts))
+            lines.append('DCGM_FI_DEV_POWER_USAGE{node="gpu07",gpu="%s%s"} %.1f %d' % (gpu, job, 300.5, ts))
+        lines.append('hpcobs_slurm_job_info{node="gpu07",hpc_job="4242",user="alice",account="physics"} 1 %d' % ts)
+    with running_victoriametrics(tmp_path_factory.mktemp("vm"), lines, ["-search.disableCache"], timeout=30) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 SYNTHETIC = {

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import datetime
 import json
-import socket
 import struct
 import subprocess
 import time
-import urllib.request
 import zlib
 from pathlib import Path
 
 import pytest
 from test_jobstats_report import FILES, REPORT_END, REPORT_START, RULES, expected_report, report
-from tooling import tool
+from tooling import import_lines, tool, victoriametrics
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "roles" / "grafana" / "files" / "dashboards" / "hpcobs-executive.json"
@@ -62,40 +60,9 @@ def board_series():
 
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
-    data = tmp_path_factory.mktemp("vm")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = "http://127.0.0.1:%d" % port
-    process = subprocess.Popen([str(tool("victoria-metrics")), "-storageDataPath=%s" % data,
-                                "-httpListenAddr=127.0.0.1:%d" % port, "-retentionPeriod=10y",
-                                "-search.latencyOffset=0s", "-loggerLevel=ERROR"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None, process.stderr.read().decode()
-                assert time.time() < deadline, "victoria-metrics did not start"
-                time.sleep(0.2)
-        lines = []
-        for (metric, labels), points in list(RULES.items()) + list(board_series().items()):
-            label_text = ",".join('%s="%s"' % (k, v) for k, v in labels)
-            for ts, value in points:
-                lines.append("%s{%s} %s %d" % (metric, label_text, repr(float(value)), ts * 1000))
-        request = urllib.request.Request(url + "/api/v1/import/prometheus", data="\n".join(lines).encode(),
-                                         method="POST")
-        with urllib.request.urlopen(request, timeout=30):
-            pass
-        with urllib.request.urlopen(url + "/internal/force_flush", timeout=10):
-            pass
+    lines = import_lines(dict(list(RULES.items()) + list(board_series().items())))
+    with victoriametrics(tmp_path_factory.mktemp("vm"), lines, ["-retentionPeriod=10y"]) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 # ------------------------------------------------------------------------------------------------ reading PNGs

@@ -1,6 +1,12 @@
-"""Where the unit tests find the real binaries they run (vmalert, victoria-metrics, amtool, ...)."""
+"""Where the unit tests find the real binaries they run (vmalert, victoria-metrics, amtool, ...), and a real
+victoria-metrics loaded with series for the tests that query one."""
+import contextlib
 import os
 import shutil
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,3 +47,47 @@ def service_unit_vars(role_dir: Path) -> dict:
     values = yaml.safe_load((SERVICE_ROLE / "defaults" / "main.yml").read_text()) or {}
     values.update(calls[0]["vars"])
     return values
+
+
+def import_lines(series):
+    """Prometheus import lines of {(metric, ((label, value), ...)): [(unix seconds, value), ...]}."""
+    lines = []
+    for (metric, labels), points in series.items():
+        label_text = ",".join('%s="%s"' % (k, v) for k, v in labels)
+        for ts, value in points:
+            lines.append("%s{%s} %s %d" % (metric, label_text, repr(float(value)), ts * 1000))
+    return lines
+
+
+@contextlib.contextmanager
+def victoriametrics(data_dir, lines, extra_args=(), timeout=60):
+    """A real victoria-metrics on a free loopback port with `lines` (Prometheus text with millisecond timestamps)
+    imported and flushed; yields its URL and stops it afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = "http://127.0.0.1:%d" % port
+    process = subprocess.Popen([str(tool("victoria-metrics")), "-storageDataPath=%s" % data_dir,
+                                "-httpListenAddr=127.0.0.1:%d" % port, "-search.latencyOffset=0s",
+                                "-loggerLevel=ERROR"] + list(extra_args),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                assert process.poll() is None, process.stderr.read().decode()
+                assert time.time() < deadline, "victoria-metrics did not start"
+                time.sleep(0.2)
+        request = urllib.request.Request(url + "/api/v1/import/prometheus", data="\n".join(lines).encode(),
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+        with urllib.request.urlopen(url + "/internal/force_flush", timeout=10):
+            pass
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
