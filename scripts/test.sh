@@ -89,7 +89,7 @@ unit() {
 
 # Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
 # recorded, else these (seconds, measured on a 2-CPU machine), else "long".
-typical_seconds="default:1000 slurm_native:800 slurm:550 grafana:550 management:430 gpu_node:340 hw_exporters:250
+typical_seconds="default:1000 slurm:550 grafana:550 management:430 gpu_node:340 hw_exporters:250
 bundle_faults:120 logs:110 node_exporter:80"
 scenarios() {
   if [ $# -gt 0 ]; then

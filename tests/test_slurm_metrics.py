@@ -220,6 +220,18 @@ def test_label_values_are_escaped():
     assert 'reason="say \\"hi\\" \\\\ bye"' in text
 
 
+def test_a_reason_only_for_a_node_out_of_service():
+    # Literal: Slurm 24.11 keeps Reason= on a node resumed from a drain (seen on the slurm scenario's real Slurm);
+    # sinfo -R lists no such node, and neither does the state series carry that reason
+    nodes = ("NodeName=n1 State=IDLE Reason=old drain [root@2026-12-01T13:00:00]\n"
+             "NodeName=n2 State=MIXED+DRAIN Reason=XID 79 [root@2026-12-01T13:00:00]\n"
+             "NodeName=n3 State=DOWN* Reason=Not responding [slurm@2026-12-01T13:00:00]\n")
+    samples = parse_exposition(collector.render({"nodes": nodes}, "extras"))
+    assert value(samples, "hpcobs_slurm_node_state_info", node="n1", state="idle", reason="") == 1
+    assert value(samples, "hpcobs_slurm_node_state_info", node="n2", state="draining", reason="XID 79") == 1
+    assert value(samples, "hpcobs_slurm_node_state_info", node="n3", state="down", reason="Not responding") == 1
+
+
 def test_free_memory_not_known_is_left_out():
     # Literal: every node of the captures reports FreeMem; a node whose slurmd has not reported yet says N/A
     samples = parse_exposition(collector.render(
