@@ -8,7 +8,7 @@ from polling import wait_for
 testinfra_hosts = ["management"]
 
 RULE_FILES = ["hpcobs-energy.yml", "hpcobs-fleet.yml", "hpcobs-gpu.yml", "hpcobs-monitoring.yml", "hpcobs-node.yml",
-              "site-rules.yml"]
+              "hpcobs-slurm.yml", "site-rules.yml"]
 
 
 def test_service_runs_as_its_own_user(host):
