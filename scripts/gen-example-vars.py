@@ -12,16 +12,28 @@ below the marker; tests/test_inventories.py checks the committed files are up to
 import argparse
 import glob
 import os
+import re
 import sys
+
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "# ---- Reference: every setting of the roles on this group, with its default (scripts/gen-example-vars.py) ----"
-GROUPS = {
-    "gpu_nodes": ["node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy",
-                  "slurm_hooks"],
-    "slurm_controllers": ["node_exporter", "promtail", "alloy", "slurm_hooks", "slurm_metrics"],
-    "management": ["node_exporter", "victoriametrics", "alertmanager", "vmalert", "loki", "grafana", "promtail", "alloy"],
-}
+# The roles of each group: the components map's (files/components.yml), in its order.
+with open(os.path.join(ROOT, "files", "components.yml"), encoding="utf-8") as _handle:
+    COMPONENTS = yaml.safe_load(_handle)["components"]
+GROUPS = {group: [name for name, entry in COMPONENTS.items() if group in entry["groups"]]
+          for group in ("gpu_nodes", "slurm_controllers", "management")}
+# A default taken from the components map, shown with its value.
+_FROM_MAP = re.compile(r"""\{\{ '(?P<name>\w+)' \| hpcobs_component_(?P<kind>port|listen) \}\}""")
+
+
+def _with_value(line):
+    match = _FROM_MAP.search(line)
+    if not match:
+        return line
+    port = COMPONENTS[match.group("name")]["port"]
+    return "%s  # %s (files/components.yml)" % (line, (":%d" % port) if match.group("kind") == "listen" else port)
 # Roles documented in full in one group only; elsewhere a pointer is enough.
 FULL_IN = {"node_exporter": "gpu_nodes", "promtail": "gpu_nodes", "alloy": "gpu_nodes", "slurm_hooks": "gpu_nodes"}
 
@@ -41,7 +53,7 @@ def defaults_text(role):
                 elif line.lstrip().startswith("#"):
                     lines.append(line)
                 else:
-                    lines.append("# " + line)
+                    lines.append("# " + _with_value(line))
     while lines and lines[0] == "#":
         lines.pop(0)
     return lines

@@ -24,14 +24,9 @@ mkdir -p "$state"
 
 say() { printf 'lab: %s\n' "$*"; }
 
-# host: published ports "hostport:containerport ..." (127.0.0.1 only)
+# host: published ports "hostport:containerport ..." (127.0.0.1 only), from the components map
 ports() {
-  case "$1" in
-    mgmt01) echo "8428:8428 8880:8880 9093:9093 3000:3000 3100:3100 29100:9100" ;;
-    slurmctl01) echo "29101:9100" ;;
-    gpu01) echo "29102:9100 29402:9400 29292:9290 29632:9633" ;;
-    gpu02) echo "29103:9100 29403:9400 29293:9290 29633:9633" ;;
-  esac
+  python3 scripts/lab-endpoints.py ports "$1"
 }
 
 # host_port HOST CONTAINERPORT: the 127.0.0.1 port published for it (from ports above)
@@ -128,36 +123,7 @@ status() {
     printf '%-12s %-24s %s\n' "$host" "$name" "$st"
   done
   printf '\nEndpoints (127.0.0.1 only):\n'
-  python3 - "$(cat "$state/disabled" 2>/dev/null || true)" <<'PY'
-import sys, urllib.request
-disabled = set(sys.argv[1].split())
-endpoints = [
-    ("Grafana", "grafana", "http://127.0.0.1:3000/", "http://127.0.0.1:3000/api/health"),
-    ("VictoriaMetrics", "victoriametrics", "http://127.0.0.1:8428/vmui/", "http://127.0.0.1:8428/health"),
-    ("vmalert", "vmalert", "http://127.0.0.1:8880/", "http://127.0.0.1:8880/health"),
-    ("Alertmanager", "alertmanager", "http://127.0.0.1:9093/", "http://127.0.0.1:9093/-/ready"),
-    ("Loki", "loki", "http://127.0.0.1:3100/", "http://127.0.0.1:3100/ready"),
-    ("node_exporter mgmt01", "node_exporter", "http://127.0.0.1:29100/metrics", ""),
-    ("node_exporter slurmctl01", "node_exporter", "http://127.0.0.1:29101/metrics", ""),
-    ("node_exporter gpu01", "node_exporter", "http://127.0.0.1:29102/metrics", ""),
-    ("node_exporter gpu02", "node_exporter", "http://127.0.0.1:29103/metrics", ""),
-    ("dcgm-exporter (simulated GPUs) gpu01", "dcgm_exporter", "http://127.0.0.1:29402/metrics", ""),
-    ("dcgm-exporter (simulated GPUs) gpu02", "dcgm_exporter", "http://127.0.0.1:29403/metrics", ""),
-    ("ipmi_exporter gpu01", "ipmi_exporter", "http://127.0.0.1:29292/metrics", ""),
-    ("smartctl_exporter gpu01", "smartctl_exporter", "http://127.0.0.1:29632/metrics", ""),
-]
-for label, component, url, probe in endpoints:
-    if component in disabled:
-        state = "not deployed (not in the bundle)"
-    else:
-        target = probe or url
-        try:
-            code = urllib.request.urlopen(target, timeout=3).status
-            state = "up" if code == 200 else "HTTP %d" % code
-        except Exception as exc:  # noqa: BLE001 - report whatever went wrong
-            state = "down (%s)" % getattr(exc, "reason", exc)
-    print("  %-40s %-34s %s" % (label, url, state))
-PY
+  python3 scripts/lab-endpoints.py status "$(cat "$state/disabled" 2>/dev/null || true)"
 }
 
 down() {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tooling import SERVICE_ROLE, service_unit_vars, tool
+from tooling import PROJECT_FILTERS, SERVICE_ROLE, service_unit_vars, tool
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "alertmanager"
@@ -99,7 +99,7 @@ def rendered(tmp_path_factory):
     beside = Path(sys.executable).parent / "ansible-playbook"
     command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(inventory), str(work / "render.yml")]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_FILTER_PLUGINS=str(SERVICE_ROLE / "filter_plugins"))
+               ANSIBLE_FILTER_PLUGINS=str(PROJECT_FILTERS))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out

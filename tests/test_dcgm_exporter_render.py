@@ -98,8 +98,8 @@ def rendered(tmp_path_factory):
         })
     playbook = out / "render.yml"
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    # the shared unit template's filters (a role's filter_plugins are loaded with the role; this play has none)
-    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(SERVICE / "filter_plugins"))
+    # the project's filters (beside playbooks/ for the playbooks there; this play is elsewhere)
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "playbooks" / "filter_plugins"))
     proc = subprocess.run([ansible_playbook(), "-i", "localhost,", str(playbook)], capture_output=True, text=True,
                           timeout=300, check=False, cwd=str(REPO), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""roles/service/filter_plugins/hpcobs_service.py: probe URLs, ports and ExecStart words, and the shared unit
+"""playbooks/filter_plugins/hpcobs_service.py: probe URLs, ports and ExecStart words, and the shared unit
 template rendered with those filters."""
 import importlib.util
 import os
@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLE = os.path.join(ROOT, "roles", "service")
-spec = importlib.util.spec_from_file_location("hpcobs_service", os.path.join(ROLE, "filter_plugins",
+spec = importlib.util.spec_from_file_location("hpcobs_service", os.path.join(ROOT, "playbooks", "filter_plugins",
                                                                              "hpcobs_service.py"))
 service = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(service)

@@ -63,7 +63,7 @@ def rendered(tmp_path_factory):
         })
     playbook = out / "render.yml"
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = {"ANSIBLE_FILTER_PLUGINS": str(SERVICE / "filter_plugins"), "PATH": str(Path(sys.executable).parent)
+    env = {"ANSIBLE_FILTER_PLUGINS": str(REPO / "playbooks" / "filter_plugins"), "PATH": str(Path(sys.executable).parent)
            + ":/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(out)}
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(playbook)],
                           capture_output=True, text=True, timeout=300, check=False, cwd=str(REPO), env=env)

@@ -33,12 +33,14 @@ def tool(name: str) -> Path:
 
 
 SERVICE_ROLE = REPO / "roles" / "service"
+# The project's filters (ansible.cfg filter_plugins): a test that sets ANSIBLE_FILTER_PLUGINS itself keeps them on it.
+PROJECT_FILTERS = REPO / "playbooks" / "filter_plugins"
 
 
 def service_unit_vars(role_dir: Path) -> dict:
     """What a role's unit is rendered from: roles/service's defaults with the vars its configure.yml gives the
     shared unit template (its one import_role of service, tasks_from unit). Render SERVICE_ROLE's
-    templates/service.service.j2 with them, and ANSIBLE_FILTER_PLUGINS=SERVICE_ROLE/filter_plugins."""
+    templates/service.service.j2 with them, and ANSIBLE_FILTER_PLUGINS=PROJECT_FILTERS."""
     import yaml
 
     tasks = yaml.safe_load((role_dir / "tasks" / "configure.yml").read_text())

@@ -1,0 +1,310 @@
+"""What every service role derives the same way: the address its readiness probe uses, its port, ExecStart words
+quoted for systemd, and where every other component of the stack is reached (the components map, files/components.yml).
+Pure functions, unit-tested in tests/test_service_filters.py and tests/test_components.py.
+"""
+
+import os
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # pragma: no cover - the unit tests import this file without Ansible
+    class AnsibleFilterError(Exception):
+        pass
+
+# [host]:port or host:port; an empty host means every address.
+_LISTEN = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]*):(?P<port>[0-9]{1,5})$")
+# Where a service listening on every address is reached from the host itself.
+_ANY = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "127.0.0.1"}
+# A word systemd takes as it is: no quotes, backslashes, specifiers (%), variables ($), blanks or semicolons.
+_PLAIN = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+
+
+def _split(listen):
+    match = _LISTEN.match(str(listen))
+    if not match or not 1 <= int(match.group("port")) <= 65535:
+        raise AnsibleFilterError(
+            "%r is not a listen address: expected [host]:port or host:port with a port 1-65535 (\":9100\" listens"
+            " on every address)" % (listen,))
+    return match.group("host"), int(match.group("port"))
+
+
+def listen_problem(listen):
+    """'' when listen is a valid [host]:port, else what is wrong with it (for a preflight assert)."""
+    try:
+        _split(listen)
+    except AnsibleFilterError as exc:
+        return str(exc)
+    return ""
+
+
+def listen_port(listen):
+    """The port of a listen address, as an int."""
+    return _split(listen)[1]
+
+
+def probe_host(listen):
+    """The host a probe on the same machine connects to: the listen host, or 127.0.0.1 for every address."""
+    host = _split(listen)[0]
+    return _ANY.get(host, host)
+
+
+def probe_url(listen, path="/", tls=False):
+    """http(s)://<probe host>:<port><path> for a service listening on `listen` (path "" gives the base URL)."""
+    if path and not str(path).startswith("/"):
+        raise AnsibleFilterError("probe path %r must start with /" % (path,))
+    host, port = _split(listen)
+    return "%s://%s:%d%s" % ("https" if tls else "http", _ANY.get(host, host), port, path)
+
+
+def listen_join(host, port):
+    """host and port as one listen address: [host]:port for an IPv6 host (brackets added once), else host:port."""
+    host = str(host)
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host
+    return "%s:%s" % (host, port)
+
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
+
+
+def metric_sum(text, name):
+    """Sum of the samples of metric `name` (any labels) in a Prometheus text exposition; 0.0 when it has none."""
+    total = 0.0
+    for line in str(text).splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and match.group("name") == name:
+            try:
+                total += float(match.group("value"))
+            except ValueError:
+                continue
+    return total
+
+
+def systemd_word(word):
+    """One ExecStart argument as systemd reads it back unchanged: quoted and escaped when it needs to be."""
+    word = str(word)
+    if any(char in word for char in "\n\r\0"):
+        raise AnsibleFilterError("a command-line argument cannot hold a line break or NUL: %r" % (word,))
+    if _PLAIN.match(word):
+        return word
+    return '"%s"' % word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+
+
+# --- The components map (files/components.yml) -------------------------------------------------------------------
+
+COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
+_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab"}
+_LOG_SHIPPERS = ("promtail", "alloy")
+_loaded = {}
+
+
+def load_components(path=COMPONENTS_FILE):
+    """{name: entry} of the components map, checked once per file."""
+    path = os.path.abspath(path)
+    if path not in _loaded:
+        import yaml  # only needed here; the other filters run without it
+
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle) or {}
+        _loaded[path] = check_components(data, path)
+    return _loaded[path]
+
+
+def check_components(data, where="components map"):
+    """The components of a parsed map, or an error naming every problem in it."""
+    problems = []
+    entries = data.get("components") if isinstance(data, dict) else None
+    data = data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or data.get("format") != 1:
+        problems.append("format must be 1")
+    if not isinstance(entries, dict) or not entries:
+        problems.append("components must be a non-empty map")
+        entries = {}
+    ports = {}
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            problems.append("%s: must be a map" % name)
+            continue
+        unknown = set(entry) - _KEYS
+        if unknown:
+            problems.append("%s: unknown key(s) %s" % (name, ", ".join(sorted(unknown))))
+        if "port" in entry:
+            port = entry["port"]
+            if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+                problems.append("%s: port must be 1-65535" % name)
+            elif port in ports:
+                problems.append("%s: port %d is already %s's" % (name, port, ports[port]))
+            else:
+                ports[port] = name
+            listen = entry.get("listen")
+            if not (isinstance(listen, dict) and (set(listen) == {"address"} or set(listen) == {"host", "port"})):
+                problems.append("%s: listen must be {address: <var>} or {host: <var>, port: <var>}" % name)
+        elif "listen" in entry or "scrape_job" in entry:
+            problems.append("%s: listen and scrape_job need a port" % name)
+        groups = entry.get("groups")
+        if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
+            problems.append("%s: groups must be a non-empty list of group names" % name)
+    if problems:
+        raise AnsibleFilterError("%s: %s" % (where, "; ".join(problems)))
+    return entries
+
+
+def _entry(name, components=None):
+    components = load_components() if components is None else components
+    if name not in components or "port" not in components[name]:
+        known = ", ".join(sorted(key for key, value in components.items() if "port" in value))
+        raise AnsibleFilterError("%r is not a component with a port (known: %s)" % (name, known))
+    return components[name]
+
+
+def component_port(name, components=None):
+    """The default port of a component."""
+    return _entry(name, components)["port"]
+
+
+def component_listen(name, components=None):
+    """The default listen address of a component whose role takes "[host]:port": every address, its port."""
+    return ":%d" % component_port(name, components)
+
+
+def component_names(components=None):
+    """Every component name (what hpcobs_components_disabled may list)."""
+    return sorted(load_components() if components is None else components)
+
+
+def deployed_components(disabled=None, log_shipper="promtail", components=None):
+    """The components a site deploys: all but the disabled ones and the log shipper it did not choose."""
+    names = component_names(components)
+    unknown = sorted(set(disabled or []) - set(names))
+    if unknown:
+        raise AnsibleFilterError("hpcobs_components_disabled lists unknown component(s) %s; known: %s"
+                                 % (", ".join(unknown), ", ".join(names)))
+    if log_shipper not in _LOG_SHIPPERS:
+        raise AnsibleFilterError("hpcobs_log_shipper must be one of %s, not %r" % (", ".join(_LOG_SHIPPERS), log_shipper))
+    return [name for name in names if name not in (disabled or [])
+            and (name not in _LOG_SHIPPERS or name == log_shipper)]
+
+
+def host_address(host, hostvars):
+    """How the other hosts reach `host`: its hpcobs_address, else ansible_host, else its inventory name (an IPv6
+    address in brackets, ready for ":port")."""
+    hv = hostvars[host] if host in hostvars else {}
+    address = str(hv.get("hpcobs_address") or hv.get("ansible_host") or host)
+    if ":" in address and not address.startswith("["):
+        address = "[%s]" % address
+    return address
+
+
+def _listen_of(name, hostvars, host, components):
+    """(listen host, port) of a component on a host: the host's own setting of the listen variable(s) when its
+    inventory sets them, else the component's default."""
+    entry = _entry(name, components)
+    hv = hostvars[host] if host in hostvars else {}
+    listen = entry["listen"]
+    if "address" in listen:
+        value = hv.get(listen["address"])
+        return _split(value) if value not in (None, "") else ("", entry["port"])
+    port = hv.get(listen["port"])
+    if port in (None, ""):
+        port = entry["port"]
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("%s of %s is %r, not a port" % (listen["port"], host, port))
+    return str(hv.get(listen["host"]) or ""), port
+
+
+def component_url(name, hostvars, host, path="", scheme="http", components=None):
+    """<scheme>://<address>:<port><path> at which the other hosts reach a component on `host`: the host's address
+    (component_address), or the one address the component is bound to when its listen setting names one."""
+    bound, port = _listen_of(name, hostvars, host, components)
+    address = bound if bound not in _ANY else host_address(host, hostvars)
+    if ":" in address and not address.startswith("["):
+        address = "[%s]" % address
+    return "%s://%s:%d%s" % (scheme, address, port, path)
+
+
+def component_urls(hosts, name, hostvars, path="", scheme="http", components=None):
+    """component_url of every host of a list."""
+    return [component_url(name, hostvars, host, path, scheme, components) for host in hosts or []]
+
+
+def component_local_url(name, hostvars, host, path="", scheme="http", components=None):
+    """URL at which `host` itself reaches a component it runs (127.0.0.1 when it listens on every address)."""
+    bound, port = _listen_of(name, hostvars, host, components)
+    return probe_url(listen_join(bound, port) if bound else ":%d" % port, path, scheme == "https")
+
+
+def scrape_targets(job_name, job, groups, hostvars, components=None):
+    """file_sd targets of one VictoriaMetrics scrape job: one entry per host of the job's groups (else its
+    component's) and hosts (each host once), at the host's address and the job's port, else the port the job's
+    component has on that host, labelled `node` = the short host name."""
+    components = load_components() if components is None else components
+    if "groups" in job:
+        job_groups = job["groups"]
+    elif job.get("component") in components:
+        job_groups = components[job["component"]]["groups"]
+    elif job.get("component"):
+        _entry(job["component"], components)  # names the known components
+    else:
+        job_groups = []
+    hosts = []
+    for group in job_groups or []:
+        hosts.extend(groups.get(group) or [])
+    if job.get("slurm_native"):
+        hosts = [host for host in hosts if slurm_native_active(hostvars[host] if host in hostvars else {})]
+    targets, seen = [], set()
+    for host in hosts + list(job.get("hosts") or []):
+        if host in seen:
+            continue
+        seen.add(host)
+        if job.get("port"):
+            address = "%s:%d" % (host_address(host, hostvars), int(job["port"]))
+        elif job.get("component"):
+            address = component_url(job["component"], hostvars, host, components=components).split("://", 1)[1]
+        else:
+            raise AnsibleFilterError("scrape job %s has neither a port nor a component with one" % job_name)
+        targets.append({"targets": [address], "labels": {"node": str(host).split(".")[0]}})
+    return targets
+
+
+def slurm_native_active(hv):
+    """Whether slurmctld on a controller serves its own metrics: hpcobs_slurm_native_metrics false never; else
+    what the slurm_metrics role decided in this run (slurm_metrics_native_active); else true; else (auto) what it
+    recorded on the controller in an earlier run (the local fact hpcobs_slurm_metrics.native)."""
+    mode = str(hv.get("hpcobs_slurm_native_metrics", "auto")).lower()
+    if mode == "false":
+        return False
+    if "slurm_metrics_native_active" in hv:
+        return _truthy(hv["slurm_metrics_native_active"])
+    if mode == "true":
+        return True
+    local = (hv.get("ansible_local") or {}).get("hpcobs_slurm_metrics") or {}
+    return _truthy(local.get("native", False))
+
+
+def _truthy(value):
+    return value is True or str(value).strip().lower() in ("true", "yes", "1", "on")
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "hpcobs_component_listen": component_listen,
+            "hpcobs_component_local_url": component_local_url,
+            "hpcobs_component_names": component_names,
+            "hpcobs_component_port": component_port,
+            "hpcobs_component_url": component_url,
+            "hpcobs_component_urls": component_urls,
+            "hpcobs_deployed_components": deployed_components,
+            "hpcobs_host_address": host_address,
+            "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_listen_problem": listen_problem,
+            "hpcobs_listen_join": listen_join,
+            "hpcobs_listen_port": listen_port,
+            "hpcobs_metric_sum": metric_sum,
+            "hpcobs_probe_host": probe_host,
+            "hpcobs_probe_url": probe_url,
+            "hpcobs_systemd_word": systemd_word,
+        }

@@ -1,0 +1,178 @@
+"""The components map (files/components.yml) and what derives from it: every consumer's address of a component
+(playbooks/filter_plugins/hpcobs_service.py), the roles' default listen addresses, the scrape targets and the lab's
+published ports (scripts/lab-endpoints.py)."""
+import glob
+import importlib.util
+import os
+import re
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, *path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+service = _load("hpcobs_service", "playbooks", "filter_plugins", "hpcobs_service.py")
+lab = _load("lab_endpoints", "scripts", "lab-endpoints.py")
+COMPONENTS = service.load_components()
+
+
+def _defaults(role):
+    loader = type("Loader", (yaml.SafeLoader,), {})
+    loader.add_constructor("!unsafe", lambda self, node: self.construct_scalar(node))
+    values = {}
+    for path in glob.glob(os.path.join(ROOT, "roles", role, "defaults", "main.yml")) + sorted(
+            glob.glob(os.path.join(ROOT, "roles", role, "defaults", "main", "*.yml"))):
+        with open(path, encoding="utf-8") as handle:
+            values.update(yaml.load(handle, Loader=loader) or {})
+    return values
+
+
+def test_every_component_is_a_role_and_every_playbook_role_a_component():
+    roles = {os.path.basename(path) for path in glob.glob(os.path.join(ROOT, "roles", "*"))}
+    assert set(COMPONENTS) <= roles
+    deployed = set()
+    for play in ("gpu_nodes.yml", "management.yml", "slurm.yml"):
+        with open(os.path.join(ROOT, "playbooks", play), encoding="utf-8") as handle:
+            deployed |= set(re.findall(r"^\s*(?:-\s+)?(?:role|name): (\w+)$", handle.read(), re.M)) & roles
+    # the lab's own roles (lab_*) are no part of a site
+    assert {role for role in deployed if not role.startswith("lab_")} <= set(COMPONENTS), "a deployed role is not in the map"
+
+
+@pytest.mark.parametrize("name", sorted(name for name, entry in COMPONENTS.items() if "listen" in entry))
+def test_the_roles_listen_defaults_come_from_the_map(name):
+    listen, values = COMPONENTS[name]["listen"], _defaults(name)
+    if "address" in listen:
+        default = values[listen["address"]]
+        assert "'%s' | hpcobs_component_" % name in default, (listen["address"], default)
+    else:
+        assert values[listen["port"]] == "{{ '%s' | hpcobs_component_port }}" % name
+        assert listen["host"] in values
+
+
+def test_no_role_hard_codes_the_port_of_another_component():
+    ports = {entry["port"]: name for name, entry in COMPONENTS.items() if "port" in entry}
+    pattern = re.compile(r"[:'\" ](%s)\b" % "|".join(str(port) for port in ports))
+    found = []
+    for path in glob.glob(os.path.join(ROOT, "roles", "*", "defaults", "**", "*.yml"), recursive=True) + \
+            glob.glob(os.path.join(ROOT, "roles", "*", "vars", "*.yml")):
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.lstrip().startswith("#") and pattern.search(line):
+                    found.append("%s:%d: %s" % (os.path.relpath(path, ROOT), number, line.strip()))
+    assert not found, found
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"format": 2, "components": {"a": {"groups": ["g"]}}}, "format must be 1"),
+    ({"format": 1, "components": {}}, "non-empty map"),
+    ({"format": 1, "components": {"a": {"port": 80, "listen": {"address": "a_listen"}, "groups": ["g"]},
+                                  "b": {"port": 80, "listen": {"address": "b_listen"}, "groups": ["g"]}}},
+     "port 80 is already a's"),
+    ({"format": 1, "components": {"a": {"port": 0, "listen": {"address": "x"}, "groups": ["g"]}}}, "1-65535"),
+    ({"format": 1, "components": {"a": {"port": 80, "listen": {"port": "x"}, "groups": ["g"]}}}, "listen must be"),
+    ({"format": 1, "components": {"a": {"port": 80, "listen": {"address": "x"}, "groups": "g"}}}, "groups must be"),
+    ({"format": 1, "components": {"a": {"groups": ["g"], "scrape_job": "a"}}}, "need a port"),
+    ({"format": 1, "components": {"a": {"groups": ["g"], "colour": "red"}}}, "unknown key(s) colour"),
+])
+def test_a_broken_map_is_refused_naming_the_problem(data, message):
+    with pytest.raises(service.AnsibleFilterError, match=re.escape(message)):
+        service.check_components(data)
+
+
+def test_addresses_follow_hpcobs_address_then_ansible_host_then_the_name():
+    hostvars = {"a": {"hpcobs_address": "10.0.0.1", "ansible_host": "a-mgmt"}, "b": {"ansible_host": "b-mgmt"},
+                "c": {}, "v6": {"hpcobs_address": "fd00::5"}}
+    assert [service.host_address(host, hostvars) for host in ("a", "b", "c", "v6", "unknown")] == \
+        ["10.0.0.1", "b-mgmt", "c", "[fd00::5]", "unknown"]
+
+
+def test_a_host_that_moves_a_service_is_reached_on_its_own_port():
+    hostvars = {"m1": {"alertmanager_listen_address": ":19093", "loki_http_listen_port": 3200},
+                "m2": {"ansible_host": "10.0.0.2"},
+                "m3": {"alertmanager_listen_address": "192.0.2.7:9093", "hpcobs_address": "m3.example"}}
+    assert service.component_urls(["m1", "m2", "m3"], "alertmanager", hostvars) == \
+        ["http://m1:19093", "http://10.0.0.2:9093", "http://192.0.2.7:9093"]
+    assert service.component_url("loki", hostvars, "m1", "/ready") == "http://m1:3200/ready"
+    assert service.component_url("loki", hostvars, "m2", scheme="https") == "https://10.0.0.2:3100"
+    # the host's own clients (Grafana's datasources, vmalert) stay on the host
+    assert service.component_local_url("alertmanager", hostvars, "m1") == "http://127.0.0.1:19093"
+    assert service.component_local_url("alertmanager", hostvars, "m3") == "http://192.0.2.7:9093"
+    assert service.component_local_url("victoriametrics", hostvars, "m2") == "http://127.0.0.1:8428"
+    with pytest.raises(service.AnsibleFilterError, match="not a port"):
+        service.component_url("loki", {"x": {"loki_http_listen_port": "http"}}, "x")
+    with pytest.raises(service.AnsibleFilterError, match="not a component with a port"):
+        service.component_url("slurm_hooks", hostvars, "m1")
+
+
+def test_the_defaults_equal_the_ports_the_roles_had():
+    assert {name: service.component_listen(name) for name in ("node_exporter", "dcgm_exporter", "ipmi_exporter",
+            "smartctl_exporter", "victoriametrics", "vmalert", "alertmanager")} == {
+        "node_exporter": ":9100", "dcgm_exporter": ":9400", "ipmi_exporter": ":9290", "smartctl_exporter": ":9633",
+        "victoriametrics": ":8428", "vmalert": ":8880", "alertmanager": ":9093"}
+    assert [service.component_port(name) for name in ("loki", "grafana", "promtail", "alloy", "slurm_metrics")] == \
+        [3100, 3000, 9080, 12345, 9341]
+
+
+def test_deployed_components_drop_the_disabled_and_the_unchosen_shipper():
+    assert "promtail" in service.deployed_components([], "promtail")
+    assert "alloy" not in service.deployed_components([], "promtail")
+    deployed = service.deployed_components(["grafana"], "alloy")
+    assert "alloy" in deployed and "promtail" not in deployed and "grafana" not in deployed
+    with pytest.raises(service.AnsibleFilterError, match="unknown component.*nagios"):
+        service.deployed_components(["nagios"], "promtail")
+    with pytest.raises(service.AnsibleFilterError, match="hpcobs_log_shipper"):
+        service.deployed_components([], "fluentd")
+
+
+def test_scrape_targets_take_each_hosts_own_port_and_the_components_groups():
+    groups = {"gpu_nodes": ["gpu01.cluster", "gpu02.cluster"], "management": ["mgmt01"], "slurm_controllers": ["ctl"]}
+    hostvars = {"gpu01.cluster": {"ansible_host": "10.1.0.1"},
+                "gpu02.cluster": {"ansible_host": "10.1.0.2", "node_exporter_listen_address": ":19100"},
+                "mgmt01": {}, "ctl": {}}
+    targets = service.scrape_targets("node", {"component": "node_exporter"}, groups, hostvars)
+    assert targets == [{"targets": ["10.1.0.1:9100"], "labels": {"node": "gpu01"}},
+                       {"targets": ["10.1.0.2:19100"], "labels": {"node": "gpu02"}},
+                       {"targets": ["ctl:9100"], "labels": {"node": "ctl"}},
+                       {"targets": ["mgmt01:9100"], "labels": {"node": "mgmt01"}}]
+    # an explicit port and groups win; extra hosts are scraped once each
+    job = {"component": "node_exporter", "port": 9999, "groups": ["management"], "hosts": ["mgmt01", "ext.site"]}
+    assert service.scrape_targets("x", job, groups, hostvars) == [
+        {"targets": ["mgmt01:9999"], "labels": {"node": "mgmt01"}},
+        {"targets": ["ext.site:9999"], "labels": {"node": "ext"}}]
+    with pytest.raises(service.AnsibleFilterError, match="neither a port nor a component"):
+        service.scrape_targets("bare", {"groups": ["management"]}, groups, hostvars)
+    with pytest.raises(service.AnsibleFilterError, match="not a component"):
+        service.scrape_targets("odd", {"component": "nagios"}, groups, hostvars)
+
+
+@pytest.mark.parametrize("hv,active", [
+    ({"hpcobs_slurm_native_metrics": False, "slurm_metrics_native_active": True}, False),
+    ({"slurm_metrics_native_active": True}, True),
+    ({"hpcobs_slurm_native_metrics": "auto", "slurm_metrics_native_active": False}, False),
+    ({"hpcobs_slurm_native_metrics": True}, True),
+    ({"ansible_local": {"hpcobs_slurm_metrics": {"native": True}}}, True),
+    ({"ansible_local": {"hpcobs_slurm_metrics": {"native": False}}}, False),
+    ({}, False),
+])
+def test_slurm_native_jobs_scrape_only_the_controllers_that_serve_them(hv, active):
+    job = {"component": "slurm_metrics", "port": 6817, "slurm_native": True}
+    targets = service.scrape_targets("slurmctld_nodes", job, {"slurm_controllers": ["ctl"]}, {"ctl": hv})
+    assert targets == ([{"targets": ["ctl:6817"], "labels": {"node": "ctl"}}] if active else [])
+
+
+def test_the_lab_publishes_each_service_once_on_a_port_of_its_own():
+    published = lab.load()
+    host_ports = [entry[2] for entry in published]
+    assert len(host_ports) == len(set(host_ports)), "two lab services share a published port"
+    by_host = {(host, name): port for host, name, port, _, _ in published}
+    assert by_host[("mgmt01", "grafana")] == 3000 and by_host[("mgmt01", "victoriametrics")] == 8428
+    assert by_host[("gpu01", "dcgm_exporter")] == 29402 and by_host[("gpu02", "node_exporter")] == 29103
+    assert ("gpu01", "alloy") not in by_host and ("gpu01", "slurm_metrics") not in by_host
