@@ -156,10 +156,12 @@ def test_datasources(host):
     by_uid = {d["uid"]: d for d in datasources}
     assert set(by_uid) == {"hpcobs-vm", "hpcobs-loki", "hpcobs-am"}
     vm, loki, am = by_uid["hpcobs-vm"], by_uid["hpcobs-loki"], by_uid["hpcobs-am"]
-    assert (vm["type"], vm["url"], vm["isDefault"]) == ("prometheus", "http://%s:8428" % DATA_HOST, True)
+    # the data host's Grafana reads its own services by default; the other one is given the data host's URLs
+    base = "http://127.0.0.1" if host.backend.name == DATA_HOST else "http://%s" % DATA_HOST
+    assert (vm["type"], vm["url"], vm["isDefault"]) == ("prometheus", base + ":8428", True)
     assert vm["jsonData"]["timeInterval"] == "15s" and vm["jsonData"]["httpMethod"] == "POST"
-    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", "http://%s:3100" % DATA_HOST, False)
-    assert (am["type"], am["url"]) == ("alertmanager", "http://%s:9093" % DATA_HOST)
+    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", base + ":3100", False)
+    assert (am["type"], am["url"]) == ("alertmanager", base + ":9093")
     assert am["jsonData"]["implementation"] == "prometheus"
     assert all(d["readOnly"] and d["editable"] is False for d in datasources)
 
