@@ -4,6 +4,8 @@
 #   2. lint: ansible-lint (production profile), yamllint, scripts/copy-check.py (tasks copied across roles)
 #   3. unit: pytest tests/
 #   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
+# A full run queues lint and unit in those lanes too (by their durations), beside the scenarios: much of a scenario's
+# time is waiting, which they use.
 # Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
 #
 #   scripts/test.sh                    everything
@@ -89,43 +91,57 @@ unit() {
 
 # Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
 # recorded, else these (seconds, measured on a 2-CPU machine), else "long".
-typical_seconds="default:1000 slurm:550 grafana:550 management:430 gpu_node:340 hw_exporters:250
-bundle_faults:120 logs:110 node_exporter:80"
-scenarios() {
+typical_seconds="default:1450 slurm:700 grafana:420 management:400 gpu_node:140 hw_exporters:250
+bundle_faults:160 logs:150 node_exporter:60 unit:300 lint:60"
+scenarios() { # [--with-checks] [scenario...]: --with-checks queues lint and unit among them
+  checks=""
+  if [ "${1:-}" = --with-checks ]; then
+    checks="lint unit"
+    shift
+  fi
   if [ $# -gt 0 ]; then
     echo "$@"
     return
   fi
-  for file in molecule/*/molecule.yml; do
-    name=$(basename "$(dirname "$file")")
+  { for file in molecule/*/molecule.yml; do basename "$(dirname "$file")"; done; for name in $checks; do echo "$name"; done; } |
+  while read -r name; do
     seconds=$(cat ".cache/logs/duration-$name" 2>/dev/null ||
       printf '%s\n' $typical_seconds | sed -n "s/^$name://p" | grep . || echo 100000)
     echo "$seconds $name"
   done | sort -rn | awk '{printf "%s ", $2} END {print ""}'
 }
 
-# One scenario (run by the lanes of molecule_all): its own log, its own artifact cache, a result file.
+# One scenario, or lint or unit, as run by the lanes of molecule_all: its own log, its own artifact cache, a result
+# file.
 one_scenario() {
   scenario=$1
   t0=$(date +%s)
-  log=.cache/logs/molecule-$scenario.log
-  export HPCOBS_ARTIFACT_CACHE="$root/.cache/artifacts/$scenario"
-  if molecule test -s "$scenario" >"$log" 2>&1; then
-    status=ok
-  else
-    status=FAIL
-  fi
+  case $scenario in
+    lint | unit)
+      log=.cache/logs/$scenario-lane.log
+      label=$scenario
+      if $scenario >"$log" 2>&1; then status=ok; else status=FAIL; fi
+      ;;
+    *)
+      log=.cache/logs/molecule-$scenario.log
+      label="molecule $scenario"
+      export HPCOBS_ARTIFACT_CACHE="$root/.cache/artifacts/$scenario"
+      if molecule test -s "$scenario" >"$log" 2>&1; then status=ok; else status=FAIL; fi
+      ;;
+  esac
   seconds=$(( $(date +%s) - t0 ))
   [ $status = ok ] && echo "$seconds" >".cache/logs/duration-$scenario"
   {
-    note "molecule $scenario: $status (${seconds}s, log: $log)"
+    note "$label: $status (${seconds}s, log: $log)"
     if [ $status = ok ]; then
-      grep -E "passed|failed" "$log" | grep -E "=====" | tail -1
+      grep -E "passed|failed" "$log" | grep -E "=====|passed in" | tail -1
     else
       grep -vE "^\s*$" "$log" | tail -60
     fi
   } >".cache/logs/result-$scenario.txt"
-  [ $status = ok ] || failure_digest "$log" >".cache/logs/failures-$scenario.txt"
+  if [ $status != ok ] && [ ! -s ".cache/logs/failures-$scenario.txt" ]; then
+    failure_digest "$log" >".cache/logs/failures-$scenario.txt"
+  fi
   echo "$status $seconds" >".cache/logs/result-$scenario"
 }
 
@@ -147,7 +163,7 @@ failure_digest() {
 
 # Scenarios run in HPCOBS_TEST_JOBS lanes (default 2): each has its own hosts and podman network, and much of a
 # scenario's time is waiting (services starting, alert windows), which the other lane uses.
-molecule_all() {
+molecule_all() { # [--with-checks] [scenario...]
   rc=0
   list=$(scenarios "$@")
   jobs=${HPCOBS_TEST_JOBS:-2}
@@ -164,7 +180,7 @@ molecule_all() {
       status=FAIL seconds=0
     fi
     [ "$status" = ok ] || rc=1
-    record "molecule:$scenario" "$status" "$seconds"
+    case $scenario in lint | unit) record "$scenario" "$status" "$seconds" ;; *) record "molecule:$scenario" "$status" "$seconds" ;; esac
     [ -s ".cache/logs/failures-$scenario.txt" ] && digests="$digests $scenario"
   done
   return $rc
@@ -175,11 +191,7 @@ phase=${1:-all}
 case "$phase" in
   all)
     run_step prepare prepare
-    if [ $failed = 0 ]; then
-      run_step lint lint
-      run_step unit unit
-      molecule_all
-    fi
+    [ $failed = 0 ] && molecule_all --with-checks
     ;;
   lint) scripts/setup.sh && run_step lint lint ;;
   unit) run_step unit unit ;;
