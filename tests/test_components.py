@@ -176,3 +176,14 @@ def test_the_lab_publishes_each_service_once_on_a_port_of_its_own():
     assert by_host[("mgmt01", "grafana")] == 3000 and by_host[("mgmt01", "victoriametrics")] == 8428
     assert by_host[("gpu01", "dcgm_exporter")] == 29402 and by_host[("gpu02", "node_exporter")] == 29103
     assert ("gpu01", "alloy") not in by_host and ("gpu01", "slurm_metrics") not in by_host
+
+
+def test_xid_paging_codes_are_one_list_for_both_rules():
+    assert service.shared_fact("xid_page_codes") == [48, 63, 64, 74, 79, 94, 95]
+    expected = "{{ hpcobs_xid_page_codes | default('xid_page_codes' | hpcobs_shared) }}"
+    assert _defaults("loki")["loki_xid_page_codes"] == expected
+    assert _defaults("vmalert")["vmalert_gpu_xid_page_codes"] == expected
+    with pytest.raises(service.AnsibleFilterError, match="not a shared fact"):
+        service.shared_fact("xid_ignore_codes")
+    with pytest.raises(service.AnsibleFilterError, match="unknown top-level key"):
+        service.check_components({"format": 1, "colours": {}, "components": {"a": {"groups": ["g"]}}})

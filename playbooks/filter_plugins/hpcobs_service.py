@@ -118,6 +118,9 @@ def check_components(data, where="components map"):
     data = data if isinstance(data, dict) else {}
     if not isinstance(data, dict) or data.get("format") != 1:
         problems.append("format must be 1")
+    unknown = set(data) - {"format", "shared", "components"} if isinstance(data, dict) else set()
+    if unknown:
+        problems.append("unknown top-level key(s) %s" % ", ".join(sorted(unknown)))
     if not isinstance(entries, dict) or not entries:
         problems.append("components must be a non-empty map")
         entries = {}
@@ -148,6 +151,18 @@ def check_components(data, where="components map"):
     if problems:
         raise AnsibleFilterError("%s: %s" % (where, "; ".join(problems)))
     return entries
+
+
+def shared_fact(name, path=COMPONENTS_FILE):
+    """A fact of the map's `shared` section (what more than one role needs, e.g. xid_page_codes)."""
+    load_components(path)
+    with open(os.path.abspath(path), encoding="utf-8") as handle:
+        import yaml
+
+        shared = (yaml.safe_load(handle) or {}).get("shared") or {}
+    if name not in shared:
+        raise AnsibleFilterError("%r is not a shared fact of %s (known: %s)" % (name, path, ", ".join(sorted(shared))))
+    return shared[name]
 
 
 def _entry(name, components=None):
@@ -300,6 +315,7 @@ class FilterModule:
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_shared": shared_fact,
             "hpcobs_listen_problem": listen_problem,
             "hpcobs_listen_join": listen_join,
             "hpcobs_listen_port": listen_port,
