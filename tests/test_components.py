@@ -187,3 +187,9 @@ def test_xid_paging_codes_are_one_list_for_both_rules():
         service.shared_fact("xid_ignore_codes")
     with pytest.raises(service.AnsibleFilterError, match="unknown top-level key"):
         service.check_components({"format": 1, "colours": {}, "components": {"a": {"groups": ["g"]}}})
+
+
+def test_the_preflight_problem_names_unknown_components_and_shippers():
+    assert service.components_problem(["grafana"], "alloy") == ""
+    assert "unknown component(s) nagios" in service.components_problem(["nagios"], "promtail")
+    assert "hpcobs_log_shipper" in service.components_problem([], "fluentd")

@@ -201,6 +201,15 @@ def deployed_components(disabled=None, log_shipper="promtail", components=None):
             and (name not in _LOG_SHIPPERS or name == log_shipper)]
 
 
+def components_problem(disabled=None, log_shipper="promtail"):
+    """'' when hpcobs_components_disabled and hpcobs_log_shipper name known components, else what is wrong."""
+    try:
+        deployed_components(disabled, log_shipper)
+    except AnsibleFilterError as exc:
+        return str(exc)
+    return ""
+
+
 def host_address(host, hostvars):
     """How the other hosts reach `host`: its hpcobs_address, else ansible_host, else its inventory name (an IPv6
     address in brackets, ready for ":port")."""
@@ -312,6 +321,7 @@ class FilterModule:
             "hpcobs_component_port": component_port,
             "hpcobs_component_url": component_url,
             "hpcobs_component_urls": component_urls,
+            "hpcobs_components_problem": components_problem,
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
