@@ -15,7 +15,8 @@ SERVICE = REPO / "roles" / "service"
 
 # systemd 252 (Debian 12) --offline exposure of the role's unit before the shared template, with its defaults.
 BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, "dcgm_exporter": 2.0, "promtail": 3.2,
-          "alloy": 3.3, "loki": 3.2, "victoriametrics": 3.2, "vmalert": 3.2, "alertmanager": 3.2}
+          "alloy": 3.3, "loki": 3.2, "victoriametrics": 3.2, "vmalert": 3.2, "alertmanager": 3.2, "grafana": 1.7,
+          "slurm_metrics": 3.2}
 
 
 def unit_calls(role):

@@ -1,5 +1,5 @@
 """The slurm_metrics role: argument_specs list every default, and the unit it writes is hardened and runs the
-collector in the mode the settings ask for (rendered by the role's own template on localhost)."""
+collector in the mode the settings ask for (rendered by the shared unit template of roles/service on localhost)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tooling import SERVICE_ROLE, service_unit_vars
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "slurm_metrics"
@@ -29,11 +30,13 @@ def test_argument_specs_match_the_defaults():
 @pytest.mark.parametrize("native,mode", [(False, "full"), (True, "extras")])
 def test_unit_is_hardened_and_runs_the_right_mode(tmp_path, native, mode):
     out = tmp_path / "unit"
+    given = tmp_path / "unit-vars.yml"
+    given.write_text(yaml.safe_dump(service_unit_vars(ROLE)))
     playbook = [{"hosts": "localhost", "connection": "local", "gather_facts": False,
-                 "vars_files": [str(ROLE / "defaults" / "main.yml")],
+                 "vars_files": [str(ROLE / "defaults" / "main.yml"), str(given)],
                  "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
                  "tasks": [{"name": "Unit", "ansible.builtin.template": {
-                     "src": str(ROLE / "templates" / "hpcobs-slurm-metrics.service.j2"), "dest": str(out),
+                     "src": str(SERVICE_ROLE / "templates" / "service.service.j2"), "dest": str(out),
                      "mode": "0644"}}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
