@@ -13,13 +13,35 @@ loki.source.file, loki.write; docs/sources/reference/components of grafana/alloy
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import sys
 
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # used outside Ansible (unit tests)
     AnsibleFilterError = ValueError
+
+# The checks shared with other roles live beside the playbooks, on every play's filter path.
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir,
+                      "playbooks", "filter_plugins", "hpcobs_checks.py")
+
+
+def _checks():
+    """The shared checks module (playbooks/filter_plugins/hpcobs_checks.py), loaded once."""
+    module = sys.modules.get("hpcobs_checks_shared")
+    if module is None:
+        if not os.path.isfile(SHARED):
+            raise AnsibleFilterError("alloy: %s is missing; the roles need the project's playbooks directory beside "
+                                     "them" % os.path.normpath(SHARED))
+        spec = importlib.util.spec_from_file_location("hpcobs_checks_shared", SHARED)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["hpcobs_checks_shared"] = module
+    return module
+
 
 LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
@@ -153,34 +175,11 @@ def alloy_problems(settings):
     if not DURATION.match(str(settings.get("journal_max_age"))):
         problems.append("alloy_journal_max_age must be a duration like 12h")
     targets = settings.get("file_targets")
-    if not isinstance(targets, list):
-        problems.append("alloy_file_targets must be a list")
-        targets = []
-    jobs = {"systemd-journal"} if settings.get("journal_enabled") else set()
-    labels_seen = set()
-    for number, target in enumerate(targets, 1):
-        if not isinstance(target, dict):
-            problems.append("file target %d must be a mapping" % number)
-            continue
-        job = str(target.get("job", ""))
-        if not re.match(r"^[A-Za-z0-9_.-]+$", job):
-            problems.append("file target %d: job %s must match [A-Za-z0-9_.-]+" % (number, json.dumps(job)))
-        if job in jobs or _job_label(job) in labels_seen:
-            problems.append("job %s is used twice" % job)
-        jobs.add(job)
-        labels_seen.add(_job_label(job))
-        for key in sorted(set(target) - {"job", "paths", "labels"}):
-            problems.append("job %s: unknown key %s" % (job, key))
-        paths = target.get("paths")
-        if not isinstance(paths, list) or not paths:
-            problems.append("job %s: paths must be a non-empty list" % job)
-        else:
-            problems += ["job %s: path %s is not absolute" % (job, json.dumps(p))
-                         for p in paths if not str(p).startswith("/")]
-        for name in (target.get("labels") or {}):
-            if not LABEL.match(str(name)) or str(name).startswith("__"):
-                problems.append("job %s: label %s is not a valid label name" % (job, json.dumps(name)))
-    if not settings.get("journal_enabled") and not targets:
+    # the file-target checks Promtail shares (playbooks/filter_plugins/hpcobs_checks.py); component labels are
+    # derived from job names here, so two jobs must not map to the same label either
+    problems += _checks().file_target_problems(targets, "alloy_file_targets", bool(settings.get("journal_enabled")),
+                                               same_job=_job_label)
+    if not settings.get("journal_enabled") and isinstance(targets, list) and not targets:
         problems.append("nothing to read: enable the journal or list file targets")
     if not DURATION.match(str(settings.get("batchwait"))):
         problems.append("alloy_batchwait must be a duration like 1s")
