@@ -99,3 +99,54 @@ def test_the_typed_form_passes_the_type_check(local_inventory, tmp_path):
     # localhost is in no group: the inventory checks pass and no bundle is needed
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Check the settings have the types the roles declare" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def choices():
+    return inputs.roles_argument_choices(os.path.join(ROOT, "roles"))
+
+
+def test_choices_come_from_every_role(choices):
+    assert choices["promtail_log_level"] == (["debug", "info", "warn", "error"], "promtail")
+    assert choices["dcgm_exporter_install_method"] == (["package", "binary", "none"], "dcgm_exporter")
+    assert choices["smartctl_exporter_powermode_check"][1] == "smartctl_exporter"
+    assert "promtail_http_listen_port" not in choices
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("promtail_log_level", "verbose", 'promtail_log_level is "verbose", but roles/promtail allows only "debug", '
+     '"info", "warn", "error"'),
+    ("dcgm_exporter_install_method", "pip", 'dcgm_exporter_install_method is "pip", but roles/dcgm_exporter allows '
+     'only "package", "binary", "none"'),
+    ("grafana_install_method", ["tarball"], 'grafana_install_method is ["tarball"], but roles/grafana allows only'),
+    ("alloy_log_level", True, 'alloy_log_level is true, but roles/alloy allows only'),
+])
+def test_values_outside_the_choices_are_named(types, choices, name, value, message):
+    problems = inputs.mistyped({name: value}, types, choices)
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_values_among_the_choices_pass(types, choices):
+    assert inputs.mistyped({"promtail_log_level": "warn", "dcgm_exporter_install_method": "none",
+                            "lab_gpu_simulator_emulate": 4.8, "loki_log_level": None,
+                            "smartctl_exporter_powermode_check": "__hpcobs_unset__"}, types, choices) == []
+
+
+def test_choices_from_spec_text():
+    text = ("argument_specs:\n  main:\n    options:\n      a: {type: str, choices: [x, y]}\n"
+            "      b: {type: int, choices: [1, 2]}\n      c: {type: str}\n")
+    choices = inputs.argument_choices([("r", text)])
+    assert choices == {"a": (["x", "y"], "r"), "b": ([1, 2], "r")}
+    types = inputs.argument_types([("r", text)])
+    assert inputs.mistyped({"b": 3}, types, choices) == ["b is 3, but roles/r allows only 1, 2"]
+    # a value of the wrong type is reported as such, not as a wrong choice
+    assert "declares it int" in inputs.mistyped({"b": "two"}, types, choices)[0]
+
+
+def test_a_value_outside_the_choices_is_refused_before_anything_else(local_inventory, tmp_path):
+    proc = run(["-i", local_inventory, "playbooks/preflight.yml", "-e", "promtail_log_level=verbose",
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    assert proc.returncode != 0
+    assert 'promtail_log_level is "verbose", but roles/promtail allows only "debug", "info", "warn", "error"' \
+        in proc.stdout
+    assert "Nothing was changed." in proc.stdout
