@@ -98,6 +98,55 @@ def test_alloy_uses_the_shared_checks():
         alloy.alloy_config_filter(settings)
 
 
+JOURNAL = {"__journal__systemd_unit": "unit", "__journal_priority_keyword": "priority"}
+
+
+def test_good_loki_clients_and_labels_have_no_problem():
+    assert checks.loki_client_problems(["http://mgmt01:3100", "https://loki.example.org/base/"], "", "x") == []
+    assert checks.loki_client_problems(["http://[::1]:3100"], "hpc1!._*()'-", "x") == []
+    assert checks.log_label_problems("gpu01", {"cluster": "hpc1", "_x": "y"}, JOURNAL, "x") == []
+    assert checks.log_label_problems("gpu01", {}, {}, "x") == []
+
+
+@pytest.mark.parametrize("urls,tenant,expected", [
+    ([], "", 'promtail_loki_urls must be a non-empty list of http(s) base URLs such as ["http://mgmt01:3100"], got []'),
+    ("http://a:3100", "", 'promtail_loki_urls must be a non-empty list of http(s) base URLs such as '
+     '["http://mgmt01:3100"], got "http://a:3100"'),
+    (["mgmt01:3100"], "", 'got ["mgmt01:3100"]'),
+    (["http://a b:3100"], "", "promtail_loki_urls must be"),
+    (["http://a:3100", 3100], "", "promtail_loki_urls must be"),
+    (["http://a:3100"], "a/b", 'promtail_loki_tenant_id must be empty or a Loki tenant id'),
+    (["http://a:3100"], "x" * 151, "promtail_loki_tenant_id must be empty"),
+    (["http://a:3100"], None, "promtail_loki_tenant_id must be empty or a Loki tenant id (letters, digits and "
+     "!._*()'- , at most 150), got null"),
+])
+def test_bad_loki_clients_are_named(urls, tenant, expected):
+    (problem,) = checks.loki_client_problems(urls, tenant, "promtail")
+    assert expected in problem, problem
+
+
+@pytest.mark.parametrize("node,external,journal,expected", [
+    ("", {}, JOURNAL, 'alloy_node_label must be a non-empty string, got ""'),
+    (["gpu01"], {}, JOURNAL, "alloy_node_label must be a non-empty string"),
+    ("gpu01", {"node": "x"}, JOURNAL, 'alloy_external_labels must map valid label names (not node, which '
+     'alloy_node_label sets, nor __*) to values, got {"node": "x"}'),
+    ("gpu01", {"bad-name": "x"}, JOURNAL, "alloy_external_labels must map"),
+    ("gpu01", {"__x": "x"}, JOURNAL, "alloy_external_labels must map"),
+    ("gpu01", ["cluster"], JOURNAL, 'alloy_external_labels must map valid label names'),
+    ("gpu01", {}, {"_SYSTEMD_UNIT": "unit"}, 'alloy_journal_labels must map journal labels (__journal_<field>) to '
+     'distinct label names other than node and job, got {"_SYSTEMD_UNIT": "unit"}'),
+    ("gpu01", {}, {"__journal__comm": "job"}, "other than node and job"),
+    ("gpu01", {}, {"__journal__comm": "node"}, "other than node and job"),
+    ("gpu01", {}, {"__journal__comm": "__x"}, "alloy_journal_labels must map"),
+    ("gpu01", {}, {"__journal__comm": "a", "__journal__exe": "a"}, "distinct label names"),
+    ("gpu01", {}, {"__journal__COMM": "comm"}, "alloy_journal_labels must map"),
+    ("gpu01", {}, "unit", "alloy_journal_labels must map"),
+])
+def test_bad_labels_are_named(node, external, journal, expected):
+    (problem,) = checks.log_label_problems(node, external, journal, "alloy")
+    assert expected in problem, problem
+
+
 def test_counters_parse_like_dcgm_exporter():
     result = checks.dcgm_counters(CSV, ready_metric="DCGM_FI_DEV_GPU_TEMP")
     assert result["problems"] == []
@@ -188,4 +237,5 @@ def test_the_roles_own_csv_is_valid():
 
 
 def test_the_filters_are_registered():
-    assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_dcgm_counters"}
+    assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_loki_client_problems",
+                                                    "hpcobs_log_label_problems", "hpcobs_dcgm_counters"}

@@ -4,6 +4,8 @@ tests/test_checks.py).
 - `hpcobs_file_target_problems`: the file targets both log shippers read (roles/promtail `promtail_file_targets`,
   roles/alloy `alloy_file_targets`): a list of {job, paths, labels}, job names unique and safe, paths absolute,
   label names valid Loki label names.
+- `hpcobs_loki_client_problems`, `hpcobs_log_label_problems`: where both shippers push (Loki base URLs, tenant)
+  and the labels they put on every stream (node, external labels, journal fields mapped to labels).
 - `hpcobs_dcgm_counters`: dcgm-exporter's counters CSV (roles/dcgm_exporter), parsed with the rules dcgm-exporter
   applies when it starts (internal/pkg/counters/counter_config.go, ExtractCounters, of the 4.x releases): one
   record per row, `FIELD, TYPE, HELP`, the field a DCGM_FI_* or DCGM_EXP_* name, the type one of gauge, counter,
@@ -26,6 +28,10 @@ JOB = re.compile(r"^[A-Za-z0-9_.-]+$")
 LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TARGET_KEYS = ("job", "paths", "labels")
 JOURNAL_JOB = "systemd-journal"
+
+JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
+URL = re.compile(r"^https?://[^/\s\"]+(/[^\s\"]*)?$")
+TENANT = re.compile(r"^[A-Za-z0-9!._*()'-]{0,150}$")
 
 FIELD = re.compile(r"^DCGM_(FI|EXP)_[A-Z0-9_]+$")
 PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")
@@ -80,6 +86,42 @@ def file_target_problems(targets, variable="file_targets", journal=False, same_j
         for name in labels:
             if not isinstance(name, str) or not LABEL.match(name) or name.startswith("__"):
                 problems.append("%s: job %s: label %s is not a valid label name" % (variable, job, _text(name)))
+    return problems
+
+
+def loki_client_problems(urls, tenant, prefix):
+    """Problems of `<prefix>_loki_urls` (a non-empty list of http(s) base URLs) and `<prefix>_loki_tenant_id`
+    (empty or a Loki tenant id)."""
+    problems = []
+    if not isinstance(urls, (list, tuple)) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
+        problems.append("%s_loki_urls must be a non-empty list of http(s) base URLs such as [\"http://mgmt01:3100\"], "
+                        "got %s" % (prefix, _text(urls)))
+    if not isinstance(tenant, str) or not TENANT.match(tenant):
+        problems.append("%s_loki_tenant_id must be empty or a Loki tenant id (letters, digits and !._*()'- , at most "
+                        "150), got %s" % (prefix, _text(tenant)))
+    return problems
+
+
+def _label_name(name):
+    return isinstance(name, str) and bool(LABEL.match(name)) and not name.startswith("__")
+
+
+def log_label_problems(node_label, external_labels, journal_labels, prefix):
+    """Problems of `<prefix>_node_label` (non-empty text), `<prefix>_external_labels` (valid label names, not node
+    nor __*, to values) and `<prefix>_journal_labels` (journal labels __journal_<field> to distinct label names
+    other than node and job)."""
+    problems = []
+    if not isinstance(node_label, str) or not node_label:
+        problems.append("%s_node_label must be a non-empty string, got %s" % (prefix, _text(node_label)))
+    if not isinstance(external_labels, dict) or not all(_label_name(k) and k != "node" for k in external_labels):
+        problems.append("%s_external_labels must map valid label names (not node, which %s_node_label sets, nor "
+                        "__*) to values, got %s" % (prefix, prefix, _text(external_labels)))
+    journal = journal_labels
+    if not isinstance(journal, dict) or not all(
+            isinstance(k, str) and JOURNAL_LABEL.match(k) and _label_name(v) and v not in ("node", "job")
+            for k, v in journal.items()) or len(set(map(str, journal.values()))) != len(journal):
+        problems.append("%s_journal_labels must map journal labels (__journal_<field>) to distinct label names "
+                        "other than node and job, got %s" % (prefix, _text(journal)))
     return problems
 
 
@@ -154,5 +196,7 @@ class FilterModule:
     def filters(self):
         return {
             "hpcobs_file_target_problems": file_target_problems,
+            "hpcobs_loki_client_problems": loki_client_problems,
+            "hpcobs_log_label_problems": log_label_problems,
             "hpcobs_dcgm_counters": dcgm_counters,
         }

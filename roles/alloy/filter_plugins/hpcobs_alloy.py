@@ -43,11 +43,8 @@ def _checks():
     return module
 
 
-LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
 COMPONENT_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
-URL = re.compile(r"^https?://[^/\s\"]+(/[^\s\"]*)?$")
 
 
 def _string(value):
@@ -149,36 +146,18 @@ def alloy_config(settings):
 def alloy_problems(settings):
     """Every problem of the role's settings, as strings (empty when there is none)."""
     problems = []
-    urls = settings.get("loki_urls")
-    if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
-        problems.append("alloy_loki_urls must be a non-empty list of http(s) base URLs such as "
-                        "[\"http://mgmt01:3100\"], got %s" % json.dumps(urls))
-    tenant = settings.get("tenant_id")
-    if not isinstance(tenant, str) or not re.match(r"^[A-Za-z0-9!._*()'-]{0,150}$", tenant):
-        problems.append("alloy_loki_tenant_id must be empty or a Loki tenant id")
+    shared = _checks()  # the checks Promtail shares (playbooks/filter_plugins/hpcobs_checks.py)
+    problems += shared.loki_client_problems(settings.get("loki_urls"), settings.get("tenant_id"), "alloy")
     if bool(settings.get("username")) != bool(settings.get("has_password")):
         problems.append("alloy_loki_username and alloy_loki_password go together (both set, or both empty)")
-    node = settings.get("node_label")
-    if not isinstance(node, str) or not node:
-        problems.append("alloy_node_label must be a non-empty string")
-    external = settings.get("external_labels")
-    if not isinstance(external, dict) or not all(LABEL.match(k) and not k.startswith("__") and k != "node"
-                                                 for k in external):
-        problems.append("alloy_external_labels must map valid label names (not node, not __*) to values, got %s"
-                        % json.dumps(external))
-    journal = settings.get("journal_labels")
-    if not isinstance(journal, dict) or not all(
-            JOURNAL_LABEL.match(str(k)) and LABEL.match(str(v)) and not str(v).startswith("__")
-            and v not in ("node", "job") for k, v in journal.items()) or len(set(journal.values())) != len(journal):
-        problems.append("alloy_journal_labels must map journal labels (__journal_<field>) to distinct label names "
-                        "other than node and job, got %s" % json.dumps(journal))
+    problems += shared.log_label_problems(settings.get("node_label"), settings.get("external_labels"),
+                                          settings.get("journal_labels"), "alloy")
     if not DURATION.match(str(settings.get("journal_max_age"))):
         problems.append("alloy_journal_max_age must be a duration like 12h")
     targets = settings.get("file_targets")
-    # the file-target checks Promtail shares (playbooks/filter_plugins/hpcobs_checks.py); component labels are
-    # derived from job names here, so two jobs must not map to the same label either
-    problems += _checks().file_target_problems(targets, "alloy_file_targets", bool(settings.get("journal_enabled")),
-                                               same_job=_job_label)
+    # component labels are derived from job names here, so two jobs must not map to the same label either
+    problems += shared.file_target_problems(targets, "alloy_file_targets", bool(settings.get("journal_enabled")),
+                                            same_job=_job_label)
     if not settings.get("journal_enabled") and isinstance(targets, list) and not targets:
         problems.append("nothing to read: enable the journal or list file targets")
     if not DURATION.match(str(settings.get("batchwait"))):
