@@ -4,6 +4,7 @@ The filters (playbooks/filter_plugins/hpcobs_inputs.py) are tested directly; the
 phase tag, and playbooks/preflight.yml is run for real on localhost with typed and untyped -e values.
 """
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,61 @@ def test_a_value_outside_the_choices_is_refused_before_anything_else(local_inven
     assert 'promtail_log_level is "verbose", but roles/promtail allows only "debug", "info", "warn", "error"' \
         in proc.stdout
     assert "Nothing was changed." in proc.stdout
+
+
+# The preflight asserts that repeated these choices are gone: a role used without playbooks/preflight.yml refuses
+# the value through its own argument validation, the first task of the role, before its preflight runs.
+CHOICE_CASES = {
+    "promtail": ("promtail_log_level", "verbose"),
+    "alloy": ("alloy_log_level", "trace"),
+    "loki": ("loki_log_level", "fatal"),
+    "dcgm_exporter": ("dcgm_exporter_install_method", "pip"),
+    "grafana": ("grafana_install_method", "docker"),
+    "smartctl_exporter": ("smartctl_exporter_powermode_check", "always"),
+}
+CHOICE_PLAY = """
+- name: Roles used alone with a value outside their choices
+  hosts: localhost
+  gather_facts: false
+  tasks:
+{cases}
+"""
+CHOICE_CASE = """
+    - name: Case {role}
+      block:
+        - name: Run {role}
+          ansible.builtin.include_role:
+            name: {role}
+          vars:
+            {name}: {value}
+        - name: Record a pass
+          ansible.builtin.set_fact:
+            _seen: "{{{{ _seen | default({{}}) | combine({{'{role}': 'accepted'}}) }}}}"
+      rescue:
+        - name: Record the refusal
+          ansible.builtin.set_fact:
+            _seen: "{{{{ _seen | default({{}}) | combine({{'{role}': ansible_failed_result.msg}}) }}}}"
+"""
+
+
+def test_a_role_used_alone_refuses_a_value_outside_its_choices(local_inventory, tmp_path):
+    cases = "".join(CHOICE_CASE.format(role=role, name=name, value=value)
+                    for role, (name, value) in sorted(CHOICE_CASES.items()))
+    play = tmp_path / "play.yml"
+    play.write_text(CHOICE_PLAY.format(cases=cases) + """
+    - name: Write what each case gave
+      ansible.builtin.copy:
+        content: "{{ _seen | to_json }}"
+        dest: %s
+        mode: "0644"
+""" % (tmp_path / "seen.json"))
+    proc = run(["-i", local_inventory, str(play)], ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert sorted(seen) == sorted(CHOICE_CASES)
+    for role, (name, value) in CHOICE_CASES.items():
+        message = " ".join(seen[role].split())
+        assert message.startswith("Validation of arguments failed"), (role, message)
+        assert "value of %s must be one of" % name in message and "got: %s" % value in message, (role, message)
+    # no task of any role ran before the refusal: the first task is the argument validation
+    assert "Check the operating system is supported" not in proc.stdout
