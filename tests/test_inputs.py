@@ -4,6 +4,7 @@ The filters (playbooks/filter_plugins/hpcobs_inputs.py) are tested directly; the
 phase tag, and playbooks/preflight.yml is run for real on localhost with typed and untyped -e values.
 """
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,112 @@ def test_the_typed_form_passes_the_type_check(local_inventory, tmp_path):
     # localhost is in no group: the inventory checks pass and no bundle is needed
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "Check the settings have the types the roles declare" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def choices():
+    return inputs.roles_argument_choices(os.path.join(ROOT, "roles"))
+
+
+def test_choices_come_from_every_role(choices):
+    assert choices["promtail_log_level"] == (["debug", "info", "warn", "error"], "promtail")
+    assert choices["dcgm_exporter_install_method"] == (["package", "binary", "none"], "dcgm_exporter")
+    assert choices["smartctl_exporter_powermode_check"][1] == "smartctl_exporter"
+    assert "promtail_http_listen_port" not in choices
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("promtail_log_level", "verbose", 'promtail_log_level is "verbose", but roles/promtail allows only "debug", '
+     '"info", "warn", "error"'),
+    ("dcgm_exporter_install_method", "pip", 'dcgm_exporter_install_method is "pip", but roles/dcgm_exporter allows '
+     'only "package", "binary", "none"'),
+    ("grafana_install_method", ["tarball"], 'grafana_install_method is ["tarball"], but roles/grafana allows only'),
+    ("alloy_log_level", True, 'alloy_log_level is true, but roles/alloy allows only'),
+])
+def test_values_outside_the_choices_are_named(types, choices, name, value, message):
+    problems = inputs.mistyped({name: value}, types, choices)
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_values_among_the_choices_pass(types, choices):
+    assert inputs.mistyped({"promtail_log_level": "warn", "dcgm_exporter_install_method": "none",
+                            "lab_gpu_simulator_emulate": 4.8, "loki_log_level": None,
+                            "smartctl_exporter_powermode_check": "__hpcobs_unset__"}, types, choices) == []
+
+
+def test_choices_from_spec_text():
+    text = ("argument_specs:\n  main:\n    options:\n      a: {type: str, choices: [x, y]}\n"
+            "      b: {type: int, choices: [1, 2]}\n      c: {type: str}\n")
+    choices = inputs.argument_choices([("r", text)])
+    assert choices == {"a": (["x", "y"], "r"), "b": ([1, 2], "r")}
+    types = inputs.argument_types([("r", text)])
+    assert inputs.mistyped({"b": 3}, types, choices) == ["b is 3, but roles/r allows only 1, 2"]
+    # a value of the wrong type is reported as such, not as a wrong choice
+    assert "declares it int" in inputs.mistyped({"b": "two"}, types, choices)[0]
+
+
+def test_a_value_outside_the_choices_is_refused_before_anything_else(local_inventory, tmp_path):
+    proc = run(["-i", local_inventory, "playbooks/preflight.yml", "-e", "promtail_log_level=verbose",
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    assert proc.returncode != 0
+    assert 'promtail_log_level is "verbose", but roles/promtail allows only "debug", "info", "warn", "error"' \
+        in proc.stdout
+    assert "Nothing was changed." in proc.stdout
+
+
+# The preflight asserts that repeated these choices are gone: a role used without playbooks/preflight.yml refuses
+# the value through its own argument validation, the first task of the role, before its preflight runs.
+CHOICE_CASES = {
+    "promtail": ("promtail_log_level", "verbose"),
+    "alloy": ("alloy_log_level", "trace"),
+    "loki": ("loki_log_level", "fatal"),
+    "dcgm_exporter": ("dcgm_exporter_install_method", "pip"),
+    "grafana": ("grafana_install_method", "docker"),
+    "smartctl_exporter": ("smartctl_exporter_powermode_check", "always"),
+}
+CHOICE_PLAY = """
+- name: Roles used alone with a value outside their choices
+  hosts: localhost
+  gather_facts: false
+  tasks:
+{cases}
+"""
+CHOICE_CASE = """
+    - name: Case {role}
+      block:
+        - name: Run {role}
+          ansible.builtin.include_role:
+            name: {role}
+          vars:
+            {name}: {value}
+        - name: Record a pass
+          ansible.builtin.set_fact:
+            _seen: "{{{{ _seen | default({{}}) | combine({{'{role}': 'accepted'}}) }}}}"
+      rescue:
+        - name: Record the refusal
+          ansible.builtin.set_fact:
+            _seen: "{{{{ _seen | default({{}}) | combine({{'{role}': ansible_failed_result.msg}}) }}}}"
+"""
+
+
+def test_a_role_used_alone_refuses_a_value_outside_its_choices(local_inventory, tmp_path):
+    cases = "".join(CHOICE_CASE.format(role=role, name=name, value=value)
+                    for role, (name, value) in sorted(CHOICE_CASES.items()))
+    play = tmp_path / "play.yml"
+    play.write_text(CHOICE_PLAY.format(cases=cases) + """
+    - name: Write what each case gave
+      ansible.builtin.copy:
+        content: "{{ _seen | to_json }}"
+        dest: %s
+        mode: "0644"
+""" % (tmp_path / "seen.json"))
+    proc = run(["-i", local_inventory, str(play)], ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert sorted(seen) == sorted(CHOICE_CASES)
+    for role, (name, value) in CHOICE_CASES.items():
+        message = " ".join(seen[role].split())
+        assert message.startswith("Validation of arguments failed"), (role, message)
+        assert "value of %s must be one of" % name in message and "got: %s" % value in message, (role, message)
+    # no task of any role ran before the refusal: the first task is the argument validation
+    assert "Check the operating system is supported" not in proc.stdout

@@ -168,7 +168,8 @@ def run_playbook(out: Path, play: str, inventory: dict) -> dict:
     (out / "library").mkdir()
     (out / "library" / "hpcobs_test_facts.py").write_text(FACTS_MODULE)
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_FILTER_PLUGINS="%s:%s" % (ROLE / "filter_plugins", REPO / "playbooks" / "filter_plugins"),
+               ANSIBLE_FILTER_PLUGINS=os.pathsep.join([str(ROLE / "filter_plugins"),
+                                                       str(REPO / "playbooks" / "filter_plugins")]),
                ANSIBLE_LIBRARY=str(out / "library"), ANSIBLE_NOCOLOR="1",
                HPCOBS_BUNDLE_ALLOWED_SIGNERS=str(out / "signing" / "allowed_signers"))
     run = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(out / "hosts.yml"),

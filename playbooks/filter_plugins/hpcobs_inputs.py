@@ -3,7 +3,8 @@
 `-e key=value` always gives a string: `-e node_exporter_ready_timeout=30` is "30", and a preflight comparing it with
 a number then fails with a Jinja TypeError, or a boolean "false" is truthy. Extra vars take precedence over anything
 a play sets, so they cannot be coerced in place; preflight.yml refuses them instead, naming the variable, its type
-and the JSON form that passes it typed. Pure functions, unit-tested in tests/test_inputs.py.
+and the JSON form that passes it typed. A setting a role declares with `choices` is checked against them there
+too, for every host before any role runs. Pure functions, unit-tested in tests/test_inputs.py.
 """
 
 import glob
@@ -38,15 +39,40 @@ def argument_types(spec_texts):
     return types
 
 
-def roles_argument_types(roles_dir):
-    """argument_types of every roles/<role>/meta/argument_specs.yml under roles_dir."""
+def argument_choices(spec_texts):
+    """{variable: (choices, role)} of every option that declares `choices` ([(role, text)] pairs)."""
+    choices = {}
+    for role, text in spec_texts:
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise AnsibleFilterError("roles/%s/meta/argument_specs.yml is not YAML: %s" % (role, exc))
+        for entry in (data.get("argument_specs") or {}).values():
+            for name, option in ((entry or {}).get("options") or {}).items():
+                allowed = (option or {}).get("choices")
+                if isinstance(allowed, list) and allowed:
+                    choices.setdefault(str(name), (allowed, role))
+    return choices
+
+
+def _spec_texts(roles_dir):
     pairs = []
     for path in sorted(glob.glob(os.path.join(str(roles_dir), "*", "meta", "argument_specs.yml"))):
         with open(path, encoding="utf-8") as handle:
             pairs.append((path.split(os.sep)[-3], handle.read()))
     if not pairs:
         raise AnsibleFilterError("no roles/*/meta/argument_specs.yml under %s" % roles_dir)
-    return argument_types(pairs)
+    return pairs
+
+
+def roles_argument_types(roles_dir):
+    """argument_types of every roles/<role>/meta/argument_specs.yml under roles_dir."""
+    return argument_types(_spec_texts(roles_dir))
+
+
+def roles_argument_choices(roles_dir):
+    """argument_choices of every roles/<role>/meta/argument_specs.yml under roles_dir."""
+    return argument_choices(_spec_texts(roles_dir))
 
 
 def _is(kind, value):
@@ -82,15 +108,34 @@ def _typed_example(kind, value):
         return None
 
 
-def mistyped(values, types):
-    """Messages for each given setting whose type is not the one its role declares.
+def _chosen(value, allowed):
+    """Whether value is one of allowed, compared as Ansible's argument spec does (the value as a string for str
+    choices, so that `-e level=info` passes)."""
+    if value in allowed:
+        return True
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and \
+        str(value) in [str(a) for a in allowed if isinstance(a, str)]
+
+
+def mistyped(values, types, choices=None):
+    """Messages for each given setting whose type is not the one its role declares, or whose value is not one of
+    the role's declared choices.
 
     values: {variable: value}; None or UNSET stand for a setting nobody gave, and are skipped.
     """
     problems = []
     for name in sorted(values):
         value = values[name]
-        if value is None or value == UNSET or name not in types:
+        if value is None or value == UNSET:
+            continue
+        if choices and name in choices and (name not in types or _is(types[name][0], value)):
+            allowed, role = choices[name]
+            if not _chosen(value, allowed):
+                problems.append("%s is %s, but roles/%s allows only %s"
+                                % (name, json.dumps(value, default=str), role,
+                                   ", ".join(json.dumps(a, default=str) for a in allowed)))
+            continue
+        if name not in types:
             continue
         kind, role = types[name]
         if _is(kind, value):
@@ -107,4 +152,4 @@ def mistyped(values, types):
 class FilterModule:
     def filters(self):
         return {"hpcobs_argument_types": argument_types, "hpcobs_roles_argument_types": roles_argument_types,
-                "hpcobs_mistyped": mistyped}
+                "hpcobs_roles_argument_choices": roles_argument_choices, "hpcobs_mistyped": mistyped}

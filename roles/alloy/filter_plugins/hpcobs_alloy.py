@@ -13,19 +13,38 @@ loki.source.file, loki.write; docs/sources/reference/components of grafana/alloy
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
+import sys
 
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # used outside Ansible (unit tests)
     AnsibleFilterError = ValueError
 
-LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
+# The checks shared with other roles live beside the playbooks, on every play's filter path.
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir,
+                      "playbooks", "filter_plugins", "hpcobs_checks.py")
+
+
+def _checks():
+    """The shared checks module (playbooks/filter_plugins/hpcobs_checks.py), loaded once."""
+    module = sys.modules.get("hpcobs_checks_shared")
+    if module is None:
+        if not os.path.isfile(SHARED):
+            raise AnsibleFilterError("alloy: %s is missing; the roles need the project's playbooks directory beside "
+                                     "them" % os.path.normpath(SHARED))
+        spec = importlib.util.spec_from_file_location("hpcobs_checks_shared", SHARED)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["hpcobs_checks_shared"] = module
+    return module
+
+
 COMPONENT_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
-URL = re.compile(r"^https?://[^/\s\"]+(/[^\s\"]*)?$")
 
 
 def _string(value):
@@ -127,60 +146,19 @@ def alloy_config(settings):
 def alloy_problems(settings):
     """Every problem of the role's settings, as strings (empty when there is none)."""
     problems = []
-    urls = settings.get("loki_urls")
-    if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
-        problems.append("alloy_loki_urls must be a non-empty list of http(s) base URLs such as "
-                        "[\"http://mgmt01:3100\"], got %s" % json.dumps(urls))
-    tenant = settings.get("tenant_id")
-    if not isinstance(tenant, str) or not re.match(r"^[A-Za-z0-9!._*()'-]{0,150}$", tenant):
-        problems.append("alloy_loki_tenant_id must be empty or a Loki tenant id")
+    shared = _checks()  # the checks Promtail shares (playbooks/filter_plugins/hpcobs_checks.py)
+    problems += shared.loki_client_problems(settings.get("loki_urls"), settings.get("tenant_id"), "alloy")
     if bool(settings.get("username")) != bool(settings.get("has_password")):
         problems.append("alloy_loki_username and alloy_loki_password go together (both set, or both empty)")
-    node = settings.get("node_label")
-    if not isinstance(node, str) or not node:
-        problems.append("alloy_node_label must be a non-empty string")
-    external = settings.get("external_labels")
-    if not isinstance(external, dict) or not all(LABEL.match(k) and not k.startswith("__") and k != "node"
-                                                 for k in external):
-        problems.append("alloy_external_labels must map valid label names (not node, not __*) to values, got %s"
-                        % json.dumps(external))
-    journal = settings.get("journal_labels")
-    if not isinstance(journal, dict) or not all(
-            JOURNAL_LABEL.match(str(k)) and LABEL.match(str(v)) and not str(v).startswith("__")
-            and v not in ("node", "job") for k, v in journal.items()) or len(set(journal.values())) != len(journal):
-        problems.append("alloy_journal_labels must map journal labels (__journal_<field>) to distinct label names "
-                        "other than node and job, got %s" % json.dumps(journal))
+    problems += shared.log_label_problems(settings.get("node_label"), settings.get("external_labels"),
+                                          settings.get("journal_labels"), "alloy")
     if not DURATION.match(str(settings.get("journal_max_age"))):
         problems.append("alloy_journal_max_age must be a duration like 12h")
     targets = settings.get("file_targets")
-    if not isinstance(targets, list):
-        problems.append("alloy_file_targets must be a list")
-        targets = []
-    jobs = {"systemd-journal"} if settings.get("journal_enabled") else set()
-    labels_seen = set()
-    for number, target in enumerate(targets, 1):
-        if not isinstance(target, dict):
-            problems.append("file target %d must be a mapping" % number)
-            continue
-        job = str(target.get("job", ""))
-        if not re.match(r"^[A-Za-z0-9_.-]+$", job):
-            problems.append("file target %d: job %s must match [A-Za-z0-9_.-]+" % (number, json.dumps(job)))
-        if job in jobs or _job_label(job) in labels_seen:
-            problems.append("job %s is used twice" % job)
-        jobs.add(job)
-        labels_seen.add(_job_label(job))
-        for key in sorted(set(target) - {"job", "paths", "labels"}):
-            problems.append("job %s: unknown key %s" % (job, key))
-        paths = target.get("paths")
-        if not isinstance(paths, list) or not paths:
-            problems.append("job %s: paths must be a non-empty list" % job)
-        else:
-            problems += ["job %s: path %s is not absolute" % (job, json.dumps(p))
-                         for p in paths if not str(p).startswith("/")]
-        for name in (target.get("labels") or {}):
-            if not LABEL.match(str(name)) or str(name).startswith("__"):
-                problems.append("job %s: label %s is not a valid label name" % (job, json.dumps(name)))
-    if not settings.get("journal_enabled") and not targets:
+    # component labels are derived from job names here, so two jobs must not map to the same label either
+    problems += shared.file_target_problems(targets, "alloy_file_targets", bool(settings.get("journal_enabled")),
+                                            same_job=_job_label)
+    if not settings.get("journal_enabled") and isinstance(targets, list) and not targets:
         problems.append("nothing to read: enable the journal or list file targets")
     if not DURATION.match(str(settings.get("batchwait"))):
         problems.append("alloy_batchwait must be a duration like 1s")

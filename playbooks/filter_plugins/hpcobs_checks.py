@@ -1,0 +1,202 @@
+"""Checks of inputs shared by several roles, as pure functions returning the problems found (unit-tested in
+tests/test_checks.py).
+
+- `hpcobs_file_target_problems`: the file targets both log shippers read (roles/promtail `promtail_file_targets`,
+  roles/alloy `alloy_file_targets`): a list of {job, paths, labels}, job names unique and safe, paths absolute,
+  label names valid Loki label names.
+- `hpcobs_loki_client_problems`, `hpcobs_log_label_problems`: where both shippers push (Loki base URLs, tenant)
+  and the labels they put on every stream (node, external labels, journal fields mapped to labels).
+- `hpcobs_dcgm_counters`: dcgm-exporter's counters CSV (roles/dcgm_exporter), parsed with the rules dcgm-exporter
+  applies when it starts (internal/pkg/counters/counter_config.go, ExtractCounters, of the 4.x releases): one
+  record per row, `FIELD, TYPE, HELP`, the field a DCGM_FI_* or DCGM_EXP_* name, the type one of gauge, counter,
+  histogram, summary, label. The project adds its own rules: no comma in the help text (the role's CSV is read as
+  plain comma-separated text, quoting is not used), every field once, the readiness metric exported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # pragma: no cover - the unit tests import this file without Ansible
+    class AnsibleFilterError(Exception):
+        pass
+
+JOB = re.compile(r"^[A-Za-z0-9_.-]+$")
+LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+TARGET_KEYS = ("job", "paths", "labels")
+JOURNAL_JOB = "systemd-journal"
+
+JOURNAL_LABEL = re.compile(r"^__journal_[a-z0-9_]+$")
+URL = re.compile(r"^https?://[^/\s\"]+(/[^\s\"]*)?$")
+TENANT = re.compile(r"^[A-Za-z0-9!._*()'-]{0,150}$")
+
+FIELD = re.compile(r"^DCGM_(FI|EXP)_[A-Z0-9_]+$")
+PROM_TYPES = ("gauge", "counter", "histogram", "summary", "label")
+EXTRA_FIELD_KEYS = ("field", "type", "help")
+
+
+def _text(value):
+    return json.dumps(value, default=str)
+
+
+def file_target_problems(targets, variable="file_targets", journal=False, same_job=None):
+    """Problems of a log shipper's file targets, as strings naming `variable` (empty when there is none).
+
+    journal: the journal is read too, under job "systemd-journal", so no file target may take that name.
+    same_job: optional function giving the key two jobs must not share (Alloy derives component labels from job
+    names, so "a-b" and "a_b" collide there); the job name itself by default.
+    """
+    if not isinstance(targets, (list, tuple)):
+        return ["%s must be a list of {job, paths, labels}, got %s" % (variable, _text(targets))]
+    key = same_job or (lambda job: job)
+    problems = []
+    seen = {key(JOURNAL_JOB)} if journal else set()
+    for number, target in enumerate(targets, 1):
+        if not isinstance(target, dict):
+            problems.append("%s entry %d must be a mapping {job, paths, labels}, got %s"
+                            % (variable, number, _text(target)))
+            continue
+        job = target.get("job", "")
+        # a number is a name (YAML reads job: 7 as one); anything else is shown as JSON and refused
+        job = str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else _text(job)
+        if not JOB.match(job):
+            problems.append("%s entry %d: job %s must match [A-Za-z0-9_.-]+" % (variable, number, _text(job)))
+        if key(job) in seen:
+            problems.append("%s: job %s is used twice" % (variable, job))
+        seen.add(key(job))
+        for name in sorted(str(k) for k in target if k not in TARGET_KEYS):
+            problems.append("%s: job %s: unknown key %s (known: %s)" % (variable, job, name, ", ".join(TARGET_KEYS)))
+        paths = target.get("paths")
+        if not isinstance(paths, (list, tuple)) or not paths:
+            problems.append("%s: job %s: paths must be a non-empty list of absolute paths or globs, got %s"
+                            % (variable, job, _text(paths)))
+        else:
+            problems += ["%s: job %s: path %s is not absolute" % (variable, job, _text(path))
+                         for path in paths if not isinstance(path, str) or not path.startswith("/")]
+        labels = target.get("labels", {})
+        if labels is None:
+            labels = {}
+        if not isinstance(labels, dict):
+            problems.append("%s: job %s: labels must be a mapping of label names to values, got %s"
+                            % (variable, job, _text(labels)))
+            continue
+        for name in labels:
+            if not isinstance(name, str) or not LABEL.match(name) or name.startswith("__"):
+                problems.append("%s: job %s: label %s is not a valid label name" % (variable, job, _text(name)))
+    return problems
+
+
+def loki_client_problems(urls, tenant, prefix):
+    """Problems of `<prefix>_loki_urls` (a non-empty list of http(s) base URLs) and `<prefix>_loki_tenant_id`
+    (empty or a Loki tenant id)."""
+    problems = []
+    if not isinstance(urls, (list, tuple)) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
+        problems.append("%s_loki_urls must be a non-empty list of http(s) base URLs such as [\"http://mgmt01:3100\"], "
+                        "got %s" % (prefix, _text(urls)))
+    if not isinstance(tenant, str) or not TENANT.match(tenant):
+        problems.append("%s_loki_tenant_id must be empty or a Loki tenant id (letters, digits and !._*()'- , at most "
+                        "150), got %s" % (prefix, _text(tenant)))
+    return problems
+
+
+def _label_name(name):
+    return isinstance(name, str) and bool(LABEL.match(name)) and not name.startswith("__")
+
+
+def log_label_problems(node_label, external_labels, journal_labels, prefix):
+    """Problems of `<prefix>_node_label` (non-empty text), `<prefix>_external_labels` (valid label names, not node
+    nor __*, to values) and `<prefix>_journal_labels` (journal labels __journal_<field> to distinct label names
+    other than node and job)."""
+    problems = []
+    if not isinstance(node_label, str) or not node_label:
+        problems.append("%s_node_label must be a non-empty string, got %s" % (prefix, _text(node_label)))
+    if not isinstance(external_labels, dict) or not all(_label_name(k) and k != "node" for k in external_labels):
+        problems.append("%s_external_labels must map valid label names (not node, which %s_node_label sets, nor "
+                        "__*) to values, got %s" % (prefix, prefix, _text(external_labels)))
+    journal = journal_labels
+    if not isinstance(journal, dict) or not all(
+            isinstance(k, str) and JOURNAL_LABEL.match(k) and _label_name(v) and v not in ("node", "job")
+            for k, v in journal.items()) or len(set(map(str, journal.values()))) != len(journal):
+        problems.append("%s_journal_labels must map journal labels (__journal_<field>) to distinct label names "
+                        "other than node and job, got %s" % (prefix, _text(journal)))
+    return problems
+
+
+def extra_field_problems(fields, variable="dcgm_exporter_extra_fields"):
+    """Problems of the rows a site appends to the counters CSV ([{field, type, help}])."""
+    if not isinstance(fields, (list, tuple)):
+        return ["%s must be a list of {field, type, help}, got %s" % (variable, _text(fields))]
+    problems = []
+    for entry in fields:
+        why = []
+        if not isinstance(entry, dict):
+            why.append("it is not a mapping")
+        else:
+            unknown = sorted(str(k) for k in entry if k not in EXTRA_FIELD_KEYS)
+            if unknown:
+                why.append("unknown key(s) %s" % ", ".join(unknown))
+            field, kind, text = entry.get("field", ""), entry.get("type", ""), entry.get("help", "")
+            if not isinstance(field, str) or not FIELD.match(field):
+                why.append("field %s is not a DCGM_FI_* or DCGM_EXP_* name" % _text(field))
+            if kind not in PROM_TYPES:
+                why.append("type %s is not a Prometheus type dcgm-exporter knows" % _text(kind))
+            if not isinstance(text, str) or not text or re.search(r"[,\n\r]", text):
+                why.append("help is empty or has a comma or a line break")
+        if why:
+            problems.append("%s entry %s is invalid (%s): it needs field (a DCGM field name such as "
+                            "DCGM_FI_DEV_FB_TOTAL), type (gauge, counter, histogram, summary or label) and help (text "
+                            "without commas or line breaks), and nothing else" % (variable, _text(entry), "; ".join(why)))
+    return problems
+
+
+def _row(line):
+    """(field, type, help) of a CSV row, or None when it is not a row dcgm-exporter (and the project) accepts."""
+    parts = [part.strip(" ") for part in line.split(",")]
+    if len(parts) != 3 or not FIELD.match(parts[0]) or parts[1] not in PROM_TYPES:
+        return None
+    return tuple(parts)
+
+
+def dcgm_counters(text, extra_fields=(), ready_metric="", source="the counters CSV"):
+    """The counters CSV `text` with `extra_fields` appended, parsed and checked.
+
+    Returns {"rows": [[field, type, help]...], "fields": [every field], "metric_fields": [fields exported as
+    metrics, i.e. not of type label], "problems": [strings]}. Comment lines (#) and empty lines are skipped, as
+    dcgm-exporter's CSV reader does; leading and trailing blanks of a line and of each value are ignored.
+    """
+    if not isinstance(text, str):
+        raise AnsibleFilterError("hpcobs_dcgm_counters expects the text of the CSV, got %s" % type(text).__name__)
+    problems = extra_field_problems(extra_fields)
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    if not problems:
+        lines += ["%s, %s, %s" % (e["field"], e["type"], e["help"]) for e in extra_fields]
+    rows, seen, twice = [], set(), []
+    for line in lines:
+        row = _row(line)
+        if row is None:
+            problems.append('%s: row %s is not "DCGM_field, type, help" (field DCGM_FI_* or DCGM_EXP_*, type gauge, '
+                            "counter, histogram, summary or label, no comma in help)" % (source, _text(line)))
+            continue
+        if row[0] in seen and row[0] not in twice:
+            twice.append(row[0])
+        seen.add(row[0])
+        rows.append(list(row))
+    problems += ["%s: %s is listed twice" % (source, field) for field in twice]
+    metric_fields = [row[0] for row in rows if row[1] != "label"]
+    if ready_metric and ready_metric not in metric_fields:
+        problems.append("dcgm_exporter_ready_metric %s is not one of the fields %s exports" % (ready_metric, source))
+    return {"rows": rows, "fields": [row[0] for row in rows], "metric_fields": metric_fields, "problems": problems}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "hpcobs_file_target_problems": file_target_problems,
+            "hpcobs_loki_client_problems": loki_client_problems,
+            "hpcobs_log_label_problems": log_label_problems,
+            "hpcobs_dcgm_counters": dcgm_counters,
+        }

@@ -1,0 +1,241 @@
+"""playbooks/filter_plugins/hpcobs_checks.py: the file-target checks both log shippers share, and the counters-CSV
+parser of roles/dcgm_exporter (dcgm-exporter's row rules)."""
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("hpcobs_checks", os.path.join(ROOT, "playbooks", "filter_plugins",
+                                                                            "hpcobs_checks.py"))
+checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(checks)
+alloy_spec = importlib.util.spec_from_file_location(
+    "hpcobs_alloy_checks", os.path.join(ROOT, "roles", "alloy", "filter_plugins", "hpcobs_alloy.py"))
+alloy = importlib.util.module_from_spec(alloy_spec)
+alloy_spec.loader.exec_module(alloy)
+
+SLURM = {"job": "slurm", "paths": ["/var/log/slurm/*.log"]}
+CSV = """# comment, with commas, ignored
+DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (C).
+
+  DCGM_FI_DEV_XID_ERRORS ,gauge,Last XID.
+DCGM_FI_DRIVER_VERSION, label, Driver version.
+DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.
+DCGM_EXP_XID_ERRORS_COUNT, counter, XID errors seen.
+"""
+
+
+def problems(targets, **kwargs):
+    return checks.file_target_problems(targets, "promtail_file_targets", **kwargs)
+
+
+def test_good_targets_have_no_problem():
+    assert problems([]) == []
+    assert problems([SLURM, {"job": "nvidia.driver-1", "paths": ["/var/log/nvidia*.log", "/x/y"],
+                             "labels": {"component": "driver", "_x9": "y"}}], journal=True) == []
+    assert problems([dict(SLURM, labels=None)]) == []
+
+
+@pytest.mark.parametrize("targets,journal,expected", [
+    ("slurm", False, 'promtail_file_targets must be a list of {job, paths, labels}, got "slurm"'),
+    ({"job": "x"}, False, "promtail_file_targets must be a list"),
+    (["slurm"], False, 'promtail_file_targets entry 1 must be a mapping {job, paths, labels}, got "slurm"'),
+    ([{"job": "a b", "paths": ["/x"]}], False, 'promtail_file_targets entry 1: job "a b" must match [A-Za-z0-9_.-]+'),
+    ([{"paths": ["/x"]}], False, 'promtail_file_targets entry 1: job "" must match'),
+    ([SLURM, {"job": ["a"], "paths": ["/x"]}], False, 'promtail_file_targets entry 2: job "[\\"a\\"]" must match'),
+    ([SLURM, SLURM], False, "promtail_file_targets: job slurm is used twice"),
+    ([dict(SLURM, job="systemd-journal")], True, "job systemd-journal is used twice"),
+    ([{"job": "x", "paths": ["var/log/x.log"]}], False, 'job x: path "var/log/x.log" is not absolute'),
+    ([{"job": "x", "paths": ["/ok", 3]}], False, "job x: path 3 is not absolute"),
+    ([{"job": "x", "paths": "/var/log/x.log"}], False, "job x: paths must be a non-empty list"),
+    ([{"job": "x", "paths": []}], False, "job x: paths must be a non-empty list"),
+    ([{"job": "x"}], False, "job x: paths must be a non-empty list of absolute paths or globs, got null"),
+    ([dict(SLURM, path="/x")], False, "job slurm: unknown key path (known: job, paths, labels)"),
+    ([dict(SLURM, labels={"9x": "a"})], False, 'job slurm: label "9x" is not a valid label name'),
+    ([dict(SLURM, labels={"__path__": "/y"})], False, 'job slurm: label "__path__" is not a valid label name'),
+    ([dict(SLURM, labels={"a-b": "c"})], False, 'label "a-b" is not a valid label name'),
+    ([dict(SLURM, labels=["a"])], False, 'job slurm: labels must be a mapping of label names to values, got ["a"]'),
+])
+def test_bad_targets_are_named(targets, journal, expected):
+    found = problems(targets, journal=journal)
+    assert any(expected in p for p in found), found
+
+
+def test_the_journal_job_is_free_when_the_journal_is_off():
+    assert problems([dict(SLURM, job="systemd-journal")], journal=False) == []
+
+
+def test_a_number_is_a_job_name():
+    assert problems([dict(SLURM, job=7)]) == []
+
+
+def test_every_problem_is_reported_once():
+    found = problems([{"job": "a b", "paths": ["rel"], "extra": 1}, {"job": "a b", "paths": ["/x"]}])
+    # entry 1: job, unknown key, path; entry 2: job, used twice
+    assert len(found) == 5, found
+    assert sum("used twice" in p for p in found) == 1
+
+
+def test_same_job_key_catches_jobs_that_collide_after_mapping():
+    # Alloy names components after the job: "a-b" and "a_b" both become a_b
+    assert problems([{"job": "a-b", "paths": ["/x"]}, {"job": "a_b", "paths": ["/y"]}]) == []
+    found = problems([{"job": "a-b", "paths": ["/x"]}, {"job": "a_b", "paths": ["/y"]}], same_job=alloy._job_label)
+    assert found == ["promtail_file_targets: job a_b is used twice"]
+
+
+def test_alloy_uses_the_shared_checks():
+    settings = {"loki_urls": ["http://mgmt01:3100"], "tenant_id": "", "username": "", "has_password": False,
+                "node_label": "gpu01", "external_labels": {}, "journal_labels": {}, "journal_enabled": True,
+                "journal_max_age": "12h", "batchwait": "1s", "batchsize": "1MiB", "log_level": "info",
+                "file_targets": [dict(SLURM, labels={"__x": "y"}), {"job": "systemd-journal", "paths": ["/z"]}]}
+    assert alloy.alloy_problems(settings) == [
+        'alloy_file_targets: job slurm: label "__x" is not a valid label name',
+        "alloy_file_targets: job systemd-journal is used twice"]
+    assert alloy.alloy_problems(dict(settings, file_targets="x")) == [
+        'alloy_file_targets must be a list of {job, paths, labels}, got "x"']
+    with pytest.raises(Exception, match="used twice"):
+        alloy.alloy_config_filter(settings)
+
+
+JOURNAL = {"__journal__systemd_unit": "unit", "__journal_priority_keyword": "priority"}
+
+
+def test_good_loki_clients_and_labels_have_no_problem():
+    assert checks.loki_client_problems(["http://mgmt01:3100", "https://loki.example.org/base/"], "", "x") == []
+    assert checks.loki_client_problems(["http://[::1]:3100"], "hpc1!._*()'-", "x") == []
+    assert checks.log_label_problems("gpu01", {"cluster": "hpc1", "_x": "y"}, JOURNAL, "x") == []
+    assert checks.log_label_problems("gpu01", {}, {}, "x") == []
+
+
+@pytest.mark.parametrize("urls,tenant,expected", [
+    ([], "", 'promtail_loki_urls must be a non-empty list of http(s) base URLs such as ["http://mgmt01:3100"], got []'),
+    ("http://a:3100", "", 'promtail_loki_urls must be a non-empty list of http(s) base URLs such as '
+     '["http://mgmt01:3100"], got "http://a:3100"'),
+    (["mgmt01:3100"], "", 'got ["mgmt01:3100"]'),
+    (["http://a b:3100"], "", "promtail_loki_urls must be"),
+    (["http://a:3100", 3100], "", "promtail_loki_urls must be"),
+    (["http://a:3100"], "a/b", 'promtail_loki_tenant_id must be empty or a Loki tenant id'),
+    (["http://a:3100"], "x" * 151, "promtail_loki_tenant_id must be empty"),
+    (["http://a:3100"], None, "promtail_loki_tenant_id must be empty or a Loki tenant id (letters, digits and "
+     "!._*()'- , at most 150), got null"),
+])
+def test_bad_loki_clients_are_named(urls, tenant, expected):
+    (problem,) = checks.loki_client_problems(urls, tenant, "promtail")
+    assert expected in problem, problem
+
+
+@pytest.mark.parametrize("node,external,journal,expected", [
+    ("", {}, JOURNAL, 'alloy_node_label must be a non-empty string, got ""'),
+    (["gpu01"], {}, JOURNAL, "alloy_node_label must be a non-empty string"),
+    ("gpu01", {"node": "x"}, JOURNAL, 'alloy_external_labels must map valid label names (not node, which '
+     'alloy_node_label sets, nor __*) to values, got {"node": "x"}'),
+    ("gpu01", {"bad-name": "x"}, JOURNAL, "alloy_external_labels must map"),
+    ("gpu01", {"__x": "x"}, JOURNAL, "alloy_external_labels must map"),
+    ("gpu01", ["cluster"], JOURNAL, 'alloy_external_labels must map valid label names'),
+    ("gpu01", {}, {"_SYSTEMD_UNIT": "unit"}, 'alloy_journal_labels must map journal labels (__journal_<field>) to '
+     'distinct label names other than node and job, got {"_SYSTEMD_UNIT": "unit"}'),
+    ("gpu01", {}, {"__journal__comm": "job"}, "other than node and job"),
+    ("gpu01", {}, {"__journal__comm": "node"}, "other than node and job"),
+    ("gpu01", {}, {"__journal__comm": "__x"}, "alloy_journal_labels must map"),
+    ("gpu01", {}, {"__journal__comm": "a", "__journal__exe": "a"}, "distinct label names"),
+    ("gpu01", {}, {"__journal__COMM": "comm"}, "alloy_journal_labels must map"),
+    ("gpu01", {}, "unit", "alloy_journal_labels must map"),
+])
+def test_bad_labels_are_named(node, external, journal, expected):
+    (problem,) = checks.log_label_problems(node, external, journal, "alloy")
+    assert expected in problem, problem
+
+
+def test_counters_parse_like_dcgm_exporter():
+    result = checks.dcgm_counters(CSV, ready_metric="DCGM_FI_DEV_GPU_TEMP")
+    assert result["problems"] == []
+    assert result["rows"][1] == ["DCGM_FI_DEV_XID_ERRORS", "gauge", "Last XID."]
+    assert result["fields"] == ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DRIVER_VERSION",
+                                "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_EXP_XID_ERRORS_COUNT"]
+    # a label row adds a label, it is not a metric
+    assert "DCGM_FI_DRIVER_VERSION" not in result["metric_fields"]
+    assert len(result["metric_fields"]) == 4
+
+
+def test_extra_fields_are_appended():
+    extra = [{"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": "Total memory in MiB."}]
+    result = checks.dcgm_counters(CSV, extra, "DCGM_FI_DEV_FB_TOTAL")
+    assert result["problems"] == []
+    assert result["rows"][-1] == ["DCGM_FI_DEV_FB_TOTAL", "gauge", "Total memory in MiB."]
+
+
+@pytest.mark.parametrize("line,why", [
+    ("DCGM_FI_DEV_FB_USED, gauge", "only two values"),
+    ("DCGM_FI_DEV_FB_USED, gauge, Used, in MiB.", "a comma in help"),
+    ("DCGM_FI_DEV_FB_USED, gauges, Used.", "an unknown type"),
+    ("DCGM_FI_DEV_FB_USED, Gauge, Used.", "types are lower case"),
+    ("DCGM_DEV_FB_USED, gauge, Used.", "neither DCGM_FI_ nor DCGM_EXP_"),
+    ("dcgm_fi_dev_fb_used, gauge, Used.", "a lower-case name"),
+    ("DCGM_FI_DEV_FB_USED gauge Used.", "no comma at all"),
+])
+def test_bad_rows_are_named(line, why):
+    result = checks.dcgm_counters(CSV + line + "\n")
+    assert result["problems"] == ['the counters CSV: row "%s" is not "DCGM_field, type, help" (field DCGM_FI_* or '
+                                  "DCGM_EXP_*, type gauge, counter, histogram, summary or label, no comma in help)"
+                                  % line], why
+    assert "DCGM_FI_DEV_FB_USED" not in result["fields"]
+
+
+def test_duplicate_fields_are_named_once():
+    text = CSV + "DCGM_FI_DEV_GPU_TEMP, gauge, Again.\nDCGM_FI_DEV_GPU_TEMP,gauge,And again.\n"
+    assert checks.dcgm_counters(text, source="x.csv")["problems"] == ["x.csv: DCGM_FI_DEV_GPU_TEMP is listed twice"]
+
+
+def test_an_extra_field_already_in_the_csv_is_a_duplicate():
+    extra = [{"field": "DCGM_FI_DEV_GPU_TEMP", "type": "gauge", "help": "Temperature again."}]
+    assert checks.dcgm_counters(CSV, extra)["problems"] == ["the counters CSV: DCGM_FI_DEV_GPU_TEMP is listed twice"]
+
+
+@pytest.mark.parametrize("ready", ["DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_FB_FREE"])
+def test_the_ready_metric_must_be_exported(ready):
+    assert checks.dcgm_counters(CSV, ready_metric=ready)["problems"] == [
+        "dcgm_exporter_ready_metric %s is not one of the fields the counters CSV exports" % ready]
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": "Total memory, in MiB"},
+     ['"help": "Total memory, in MiB"', "help is empty or has a comma", "help (text without commas"]),
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": ""}, ["help is empty"]),
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": "a\nb"}, ["or a line break"]),
+    ({"field": "FB_TOTAL", "type": "gauge", "help": "x"}, ['field "FB_TOTAL" is not a DCGM_FI_* or DCGM_EXP_* name']),
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "int", "help": "x"}, ['type "int" is not a Prometheus type']),
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "help": "x"}, ['type "" is not a Prometheus type']),
+    ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": "x", "unit": "MiB"}, ["unknown key(s) unit"]),
+    ("DCGM_FI_DEV_FB_TOTAL", ['entry "DCGM_FI_DEV_FB_TOTAL" is invalid (it is not a mapping)']),
+])
+def test_bad_extra_fields_are_named_and_not_appended(entry, words):
+    result = checks.dcgm_counters(CSV, [entry], "DCGM_FI_DEV_GPU_TEMP")
+    (problem,) = result["problems"]
+    assert problem.startswith("dcgm_exporter_extra_fields entry ")
+    for word in words:
+        assert word in problem, problem
+    assert "DCGM_FI_DEV_FB_TOTAL" not in result["fields"]
+
+
+def test_extra_fields_must_be_a_list():
+    assert checks.dcgm_counters(CSV, {"field": "x"})["problems"] == [
+        'dcgm_exporter_extra_fields must be a list of {field, type, help}, got {"field": "x"}']
+
+
+def test_the_csv_must_be_text():
+    with pytest.raises(checks.AnsibleFilterError, match="expects the text of the CSV"):
+        checks.dcgm_counters(["DCGM_FI_DEV_GPU_TEMP, gauge, x"])
+
+
+def test_the_roles_own_csv_is_valid():
+    path = os.path.join(ROOT, "roles", "dcgm_exporter", "files", "hpcobs-counters.csv")
+    with open(path, encoding="utf-8") as handle:
+        result = checks.dcgm_counters(handle.read(), ready_metric="DCGM_FI_DEV_GPU_TEMP")
+    assert result["problems"] == []
+    assert len(result["fields"]) > 20
+
+
+def test_the_filters_are_registered():
+    assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_loki_client_problems",
+                                                    "hpcobs_log_label_problems", "hpcobs_dcgm_counters"}
