@@ -1,13 +1,11 @@
 #!/usr/bin/env python3
 """Make the test bundle: a copy of a real bundle plus STAND-INS for components that cannot be had here.
 
-Each molecule/standins/<component>/ holds one file per binary of files/artifacts.yml (packed at its path in the
-upstream archive layout), optionally tree/ (the rest of the archive root, e.g. Grafana's) and MODULES (repository
-paths, "<path> as <module>.py" to rename, of Python modules the stand-in imports: the binary is then a zip
-application of __main__.py and those modules). The archives are added to a hard-linked copy of the bundle, with
-"standin": true in manifest.json, so the roles install them through their real code path; a component the source
-bundle has for real is never replaced. SHA256SUMS is rewritten and signed with the local throw-away key
-(.cache/signing/bundle-key, made by scripts/bundle.sh local).
+molecule/standins/<component>/ holds one file per binary of files/artifacts.yml, optionally tree/ (the rest of the
+archive root) and MODULES (repository paths, one a line, of the modules the stand-in imports: the binary is then a
+zip application). The archives, in the upstream layout, go into a hard-linked copy of the bundle with
+"standin": true in manifest.json; a component the source bundle has for real is never replaced. SHA256SUMS is
+rewritten and signed with the local throw-away key (.cache/signing/bundle-key, made by scripts/bundle.sh local).
 
     build-test-bundle.py --from .cache/bundle-local/bundle --to .cache/bundle-test/bundle [--key KEY]
 """
@@ -31,11 +29,10 @@ from build import pack, sha256_file  # noqa: E402  (the local mirror's reproduci
 
 
 def modules(component):
-    """[(path, module file name)] of a stand-in's MODULES."""
+    """[(path, module file name)] of a stand-in's MODULES (one repository path a line)."""
     listing = os.path.join(HERE, component, "MODULES")
-    lines = open(listing, encoding="utf-8").read().splitlines() if os.path.exists(listing) else []
-    items = [line.split("#")[0].strip().partition(" as ") for line in lines if line.split("#")[0].strip()]
-    return [(os.path.join(ROOT, path.strip()), name.strip() or os.path.basename(path.strip())) for path, _, name in items]
+    lines = open(listing, encoding="utf-8").read().split() if os.path.exists(listing) else []
+    return [(os.path.join(ROOT, path), os.path.basename(path)) for path in lines]
 
 
 def members(component, spec, fmt):

@@ -1,13 +1,22 @@
-"""What the STAND-INS of molecule/standins share (tests only; none is the real program): Go flags and durations,
-logging, the configuration file (yaml.safe_load: python3-yaml is in the test images), an HTTP server, and the strict
-decoding Loki and Promtail do (Go yaml.v2 UnmarshalStrict into their config structs) with its wording: "field X not
-found in type T", "cannot unmarshal !!str `x` into int"."""
+"""What the STAND-INS of molecule/standins share (tests only; none is the real program): command-line flags (Go's
+flag package, or cobra's), Go durations, logging, the YAML configuration and its strict decoding (Go yaml.v2
+UnmarshalStrict wording: "field X not found in type T", "cannot unmarshal !!str `x` into int"), an HTTP server, and
+the log shipping engine Promtail and Alloy share: journal and file targets, Prometheus relabelling, positions and the
+push client (JSON, where the real ones push protobuf). python3-yaml is in the test images."""
+import base64
+import glob
+import hashlib
 import json
+import os
+import queue
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -18,9 +27,9 @@ _LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h|d|w|y)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
           "y": 31536000}
-_TAGS = {bool: "!!bool", int: "!!int", float: "!!float", str: "!!str"}
 _GO = {"s": "string", "i": "int", "f": "float64", "b": "bool", "d": "time.Duration", "l": "[]string"}
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+PRIORITIES = ["emerg", "alert", "crit", "error", "warning", "notice", "info", "debug"]
 
 
 def log(level, msg, **fields):
@@ -39,30 +48,33 @@ def duration(value, what="duration"):
     return sum(float(number) * _UNITS[unit] for number, unit in _DURATION.findall(value))
 
 
-def flags(argv, spec, name):
-    """Go's flag package: -name, --name, -name=value, -name value; booleans take only the = form; exit 2 on misuse."""
-    values = {key: default for key, (kind, default) in spec.items()}
-    args = list(argv)
+def flags(argv, spec, name, cobra=False):
+    """{flag: value} and the arguments. Go's flag package (cobra=False): -name, --name, -name=value, -name value,
+    booleans only with "=", no argument, misuse exits 2 with the usage. cobra: --name only, positional arguments,
+    "Error: ..." and exit 1."""
+    values, args, rest = dict(spec), list(argv), []
     while args:
         arg = args.pop(0)
-        key, eq, value = arg.lstrip("-").partition("=")
+        key, eq, value = arg[2 if cobra else 0:].lstrip("-").partition("=")
         problem = None
-        if not arg.startswith("-") or arg in ("-", "--"):
-            problem = "unexpected argument %r" % arg
+        if not arg.startswith("--" if cobra else "-") or arg in ("-", "--"):
+            rest.append(arg)
+            problem = None if cobra else "unexpected argument %r" % arg
         elif key not in spec:
-            problem = "flag provided but not defined: -%s" % key
-        elif spec[key][0] is bool:
+            problem = ("unknown flag: --%s" if cobra else "flag provided but not defined: -%s") % key
+        elif isinstance(spec[key], bool):
+            values[key] = value.lower() in ("true", "1", "t") if eq else True
             if eq and value.lower() not in ("true", "false", "1", "0", "t", "f"):
                 problem = "invalid boolean value %r for flag -%s" % (value, key)
-            values[key] = value.lower() in ("true", "1", "t") if eq else True
         elif eq or args:
             values[key] = value if eq else args.pop(0)
         else:
             problem = "flag needs an argument: -%s" % key
         if problem:
-            sys.stderr.write("%s\nUsage of %s (hpcobs STAND-IN): %s\n" % (problem, name, " ".join(sorted(spec))))
-            sys.exit(2)
-    return values
+            sys.stderr.write("Error: %s\n" % problem if cobra else "%s\nUsage of %s (hpcobs STAND-IN): %s\n" % (
+                problem, name, " ".join(sorted(spec))))
+            sys.exit(1 if cobra else 2)
+    return (values, rest) if cobra else values
 
 
 def load_config(path):
@@ -84,24 +96,25 @@ def section(config, *path):
     return config if isinstance(config, dict) else {}
 
 
+def dicts(value):
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _tag(value):
+    return {bool: "!!bool", int: "!!int", float: "!!float", str: "!!str", dict: "!!map"}.get(type(value), "!!seq")
+
+
 def decode(errors, value, spec, type_name, blocks, names=None):
     """Strict decoding of value into spec, a {key: kind} table. Kinds: s i f b d l (string, int, float, bool,
     duration, list of strings), * (anything), "<block>" / "[<block>]" (a block of blocks, or a list of them; a block
     missing from blocks is not checked), or a dict (an inline block). names: the Go type name of each block."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         errors.append("cannot unmarshal %s `%s` into %s" % (_tag(value), value, type_name))
-        return
-    for key, item in value.items():
+    for key, item in (value or {}).items() if isinstance(value, dict) else ():
         if key not in spec:
             errors.append("field %s not found in type %s" % (key, type_name))
         else:
             _decode_value(errors, item, spec[key], "%s.%s" % (type_name, key), blocks, names or {})
-
-
-def _tag(value):
-    return _TAGS.get(type(value), "!!map" if isinstance(value, dict) else "!!seq")
 
 
 def _decode_value(errors, item, kind, where, blocks, names):
@@ -130,15 +143,15 @@ def _decode_value(errors, item, kind, where, blocks, names):
 
 def serve(address, port, get, post=None, stop=None):
     """Serve HTTP until SIGTERM or SIGINT (then stop() runs first). get(path, query, headers) and
-    post(path, headers, body) answer (status, body[, content type]); a body that is not a string is sent as JSON."""
+    post(path, headers, body) answer (status, body); a body that is not a string is sent as JSON."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
 
-        def answer(self, status, body, kind="text/plain"):
+        def answer(self, status, body):
             data = (body if isinstance(body, str) else json.dumps(body)).encode()
             self.send_response(status)
-            self.send_header("Content-Type", kind if isinstance(body, str) else "application/json")
+            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -171,3 +184,196 @@ def hold_port(address, port):
     sock.bind((address, port))
     sock.listen(16)
     return sock
+
+
+# ---------------------------------------------------------------------------- log shipping (Promtail and Alloy)
+def _expand(template, match):
+    def one(ref):
+        name = ref.group(2) or ref.group(3)
+        try:
+            return match.group(int(name) if name.isdigit() else name) or ""
+        except IndexError:
+            return ""
+    return re.sub(r"\$(\{(\w+)\}|(\w+))", one, template)
+
+
+def relabel(labels, rules):
+    """Prometheus relabel_configs (model/relabel/relabel.go): the new labels, or None when the entry is dropped."""
+    labels = dict(labels)
+    for rule in rules:
+        action, target = rule.get("action", "replace"), rule.get("target_label", "")
+        value = rule.get("separator", ";").join(labels.get(name, "") for name in rule.get("source_labels") or [])
+        regex, replacement = re.compile("^(?:%s)$" % rule.get("regex", "(.*)")), str(rule.get("replacement", "$1"))
+        match = regex.match(value)
+        if action == "replace" and match and LABEL_NAME.match(_expand(target, match)):
+            labels[_expand(target, match)] = _expand(replacement, match)
+        elif (action == "keep" and not match) or (action == "drop" and match) or (
+                action == "keepequal" and value != labels.get(target, "")) or (
+                action == "dropequal" and value == labels.get(target, "")):
+            return None
+        elif action == "hashmod":
+            digest = hashlib.md5(value.encode()).digest()[8:]
+            labels[target] = str(int.from_bytes(digest, "big") % int(rule.get("modulus", 1)))
+        elif action == "labelmap":
+            labels.update({_expand(replacement, regex.match(k)): v for k, v in labels.items() if regex.match(k)})
+        elif action in ("labeldrop", "labelkeep"):
+            labels = {k: v for k, v in labels.items() if bool(regex.match(k)) == (action == "labelkeep")}
+        elif action in ("lowercase", "uppercase"):
+            labels[target] = value.lower() if action == "lowercase" else value.upper()
+    return {k: v for k, v in labels.items() if v != ""}
+
+
+def public(labels):
+    return {k: v for k, v in labels.items() if not k.startswith("__")}
+
+
+def journal_labels(entry):
+    """Promtail's labels of a journal entry: __journal_<field, lower case>, and __journal_priority_keyword."""
+    labels = {"__journal_" + k.lower(): v for k, v in entry.items() if not k.startswith("__") and isinstance(v, str)}
+    if str(entry.get("PRIORITY", "")).isdigit() and int(entry["PRIORITY"]) < len(PRIORITIES):
+        labels["__journal_priority_keyword"] = PRIORITIES[int(entry["PRIORITY"])]
+    return labels
+
+
+class Client:
+    """One Loki client: external labels, tenant, basic auth (password or password_file), exponential backoff; a
+    4xx other than 429 drops the batch, as the real clients do."""
+
+    def __init__(self, settings):
+        self.url, self.sent, self.external = settings["url"], 0, settings.get("external_labels") or {}
+        self.host, self.headers = urlsplit(self.url).netloc, {"Content-Type": "application/json"}
+        if settings.get("tenant_id"):
+            self.headers["X-Scope-OrgID"] = settings["tenant_id"]
+        auth = settings.get("basic_auth") or {}
+        if auth.get("username"):
+            password = auth.get("password", "")
+            if auth.get("password_file"):
+                with open(auth["password_file"], encoding="utf-8") as handle:
+                    password = handle.read().strip()
+            self.headers["Authorization"] = "Basic " + base64.b64encode(
+                ("%s:%s" % (auth["username"], password)).encode()).decode()
+        backoff = settings.get("backoff_config") or {}
+        self.backoff = [duration(backoff.get("min_period", "500ms")), duration(backoff.get("max_period", "5m")),
+                        int(backoff.get("max_retries", 10))]
+
+    def push(self, entries, stopping):
+        streams = {}
+        for labels, ts, line in entries:
+            merged = {**self.external, **labels}
+            streams.setdefault(json.dumps(merged, sort_keys=True), {"stream": merged, "values": []})["values"].append(
+                [str(ts), line])
+        body, delay = json.dumps({"streams": list(streams.values())}).encode(), self.backoff[0]
+        for attempt in range(self.backoff[2] + 1):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(self.url, body, self.headers), timeout=10):
+                    self.sent += len(entries)
+                    return
+            except OSError as err:  # HTTPError too
+                log("warn", "push failed", host=self.host, attempt=attempt + 1, err=str(err))
+                if 400 <= getattr(err, "code", 500) < 500 and getattr(err, "code", 0) != 429 or stopping.wait(delay):
+                    return
+                delay = min(delay * 2, self.backoff[1])
+
+
+class Shipper:
+    """Runs a Promtail-shaped configuration: journal targets (journalctl -o json --follow from the saved cursor,
+    else max_age back), file targets (static_configs __path__), one batch queue, positions ("cursor-<job_name>",
+    file paths) synced after each batch."""
+
+    def __init__(self, config):
+        self.config, self.stopping, self.queue, self.children = config, threading.Event(), queue.Queue(), []
+        self.clients = [Client(c) for c in config.get("clients") or [config.get("client")] if c]
+        self.batchwait = duration((config.get("clients") or [{}])[0].get("batchwait", "1s"))
+        self.positions_file = section(config, "positions").get("filename", "/var/log/positions.yaml")
+        try:
+            with open(self.positions_file, encoding="utf-8") as handle:
+                self.positions = {str(k): str(v) for k, v in yaml.safe_load(handle)["positions"].items()}
+        except (OSError, TypeError, KeyError, AttributeError, yaml.YAMLError):
+            self.positions = {}
+        self.jobs, self.lines, self.started, self.active = dicts(config.get("scrape_configs")), {}, False, set()
+
+    def save(self):
+        with open(self.positions_file + ".tmp", "w", encoding="utf-8") as handle:
+            yaml.safe_dump({"positions": dict(self.positions)}, handle)
+        os.replace(self.positions_file + ".tmp", self.positions_file)
+
+    def journal(self, job):
+        settings, key, name = job.get("journal") or {}, "cursor-" + job["job_name"], job["job_name"]
+        cursor, self.lines[name] = self.positions.get(key), 0
+        while not self.stopping.is_set():
+            since = ["--after-cursor=%s" % cursor] if cursor else [
+                "--since=@%d" % (time.time() - duration(settings.get("max_age", "7h")))]
+            proc = subprocess.Popen(["journalctl", "--output=json", "--follow", "--no-tail", "--all", "--no-pager"]
+                                    + (["--directory=" + settings["path"]] if settings.get("path") else []) + since
+                                    + str(settings.get("matches") or "").split(), stdout=subprocess.PIPE, text=True)
+            self.children.append(proc)
+            self.started = True  # the real journal target is ready from its start, whether it can read or not
+            for raw in proc.stdout:
+                entry = json.loads(raw)
+                cursor, message = entry.get("__CURSOR", cursor), entry.get("MESSAGE")
+                labels = relabel({**(settings.get("labels") or {}), **journal_labels(entry)},
+                                 job.get("relabel_configs") or [])
+                if isinstance(message, list):
+                    message = bytes(message).decode("utf-8", "replace")
+                if settings.get("json"):
+                    message = json.dumps({k: v for k, v in entry.items() if not k.startswith("__")})
+                ok = labels and public(labels) and isinstance(message, str)
+                self.lines[name] += 1 if ok else 0
+                self.queue.put((key, cursor, public(labels) if ok else None, int(entry["__REALTIME_TIMESTAMP"]) * 1000,
+                                message))
+            proc.wait()
+            self.stopping.wait(5)
+
+    def files(self):
+        offsets = {}
+        while not self.stopping.is_set():
+            active = set()
+            for job in self.jobs:
+                for static in dicts(job.get("static_configs")):
+                    for target in static.get("targets") or [""]:
+                        labels = relabel({**(static.get("labels") or {}), "__address__": str(target)},
+                                         job.get("relabel_configs") or []) or {}
+                        for path in sorted(glob.glob(labels.get("__path__", ""), recursive=True)):
+                            active.add(path)
+                            offsets[path] = self.read(path, {**public(labels), "filename": path},
+                                                      offsets.get(path, int(self.positions.get(path, 0))))
+            self.active = active
+            self.stopping.wait(1)
+
+    def read(self, path, labels, offset):
+        size = os.path.getsize(path)
+        offset = 0 if size < offset else offset  # truncated: from the start
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(min(size - offset, 1 << 20))
+        for raw in data[:data.rfind(b"\n") + 1].splitlines():
+            offset += len(raw) + 1
+            self.queue.put((path, str(offset), labels, time.time_ns(), raw.decode("utf-8", "replace")))
+        return offset
+
+    def send(self):
+        while not (self.stopping.is_set() and self.queue.empty()):
+            batch, deadline = [], time.time() + self.batchwait
+            while time.time() < deadline and len(batch) < 5000:
+                try:
+                    batch.append(self.queue.get(timeout=max(0.05, deadline - time.time())))
+                except queue.Empty:
+                    break
+            entries = [item[2:] for item in batch if item[2] is not None]
+            for client in self.clients if entries else []:
+                client.push(entries, self.stopping)
+            self.positions.update({key: position for key, position, *_ in batch})
+            if batch:
+                self.save()
+
+    def run(self, address, port, pages):
+        """Run the targets and the sender, serve pages ({path: callable -> (status, text)}) until SIGTERM."""
+        sender = threading.Thread(target=self.send)
+        for target in [sender, threading.Thread(target=self.files, daemon=True)] + [threading.Thread(
+                target=self.journal, args=(job,), daemon=True) for job in self.jobs if "journal" in job]:
+            target.start()
+        serve(address, port, lambda path, *_: pages.get(path, lambda: (404, "404 page not found\n"))(),
+              stop=lambda: [self.stopping.set()] + [child.terminate() for child in self.children])
+        sender.join(timeout=30)
+        self.save()
+        return 0
