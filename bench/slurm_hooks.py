@@ -5,7 +5,8 @@ For each variant, runs the prolog then the epilog of a job on N GPUs (default 8)
 --runs times, each hook started the way slurmd starts it (fork + exec of the
 script, no PATH, a handful of SLURM_* variables), and prints p50/p99/max in ms for
 the prolog, the epilog and the pair, wall time and the CPU time the hook and its children used (less
-sensitive to a busy machine than wall time). Variants:
+sensitive to a busy machine than wall time), and the commands one pair runs besides the hooks (counted with
+strace -f, when strace is installed: each costs a fork + exec). Variants:
 
   dir    the hooks with LOCK_SCOPE=dir (the default: one lock per mapping dir)
   gpu    the hooks with LOCK_SCOPE=gpu (one lock per mapping file)
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -139,6 +141,21 @@ def commands(variant: str, shell: list[str]):
     return [*shell, str(PROLOG)], [*shell, str(EPILOG)]
 
 
+def commands_run(pro: list[str], epi: list[str], env: dict[str, str]) -> str:
+    """The commands one prolog + epilog pair runs besides the hooks themselves (strace -f, execve)."""
+    strace = shutil.which("strace")
+    if not strace:
+        return "not counted (no strace)"
+    names = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, argv in enumerate((pro, epi)):
+            out = Path(tmp) / f"{k}.strace"
+            subprocess.run([strace, "-f", "-qq", "-e", "trace=execve", "-o", str(out), *argv], env=env, check=True)
+            execs = [line for line in out.read_text().splitlines() if 'execve("' in line and line.endswith("= 0")]
+            names += [line.split('execve("', 1)[1].split('"', 1)[0].rsplit("/", 1)[-1] for line in execs[1:]]
+    return f"{len(names)} ({' '.join(names)})"
+
+
 def bench_pairs(node: Node, variant: str, shell, runs: int, gpus: int, others: int):
     node.reset(gpus, others)
     if variant != "naive":
@@ -159,8 +176,9 @@ def bench_pairs(node: Node, variant: str, shell, runs: int, gpus: int, others: i
         te.append(b)
         tt.append(a + b)
     cpu = [CPU[k] + CPU[k + 1] for k in range(0, len(CPU), 2)]
+    cmds = commands_run(pro, epi, node.env(999999, gpu_list))
     node.check(gpus, others, variant)
-    return tp, te, tt, cpu
+    return tp, te, tt, cpu, cmds
 
 
 def bench_burst(node: Node, variant: str, shell, runs: int, width: int):
@@ -225,11 +243,12 @@ def main() -> int:
                 "dir": "hooks LOCK_SCOPE=dir (default)",
                 "gpu": "hooks LOCK_SCOPE=gpu",
             }.get(variant, "naive (append / sed -i, no lock)")
-            tp, te, tt, cpu = bench_pairs(
+            tp, te, tt, cpu, cmds = bench_pairs(
                 node, variant, shell, args.runs, args.gpus, args.others
             )
             results[variant] = tt
             print(f"{label}")
+            print(f"{'  commands run per pair':36s} {cmds}")
             print(f"{'  prolog':36s} {summary(tp)}  ms")
             print(f"{'  epilog':36s} {summary(te)}  ms")
             print(f"{'  prolog + epilog':36s} {summary(tt)}  ms")

@@ -113,6 +113,8 @@ def test_good_settings_have_no_problem():
     ({"textfile_dir": "/var/lib/node exporter"}, "slurm_hooks_textfile_dir"),
     ({"textfile_dir": "/var/lib/../etc"}, "slurm_hooks_textfile_dir"),
     ({"mapping_dir": "/run"}, "slurm_hooks_mapping_dir must be a directory of its own"),
+    ({"mapping_dir": "/run/.staging/map"}, "slurm_hooks_mapping_dir must not lie in a .staging directory"),
+    ({"textfile_dir": "/var/lib/textfile/.staging"}, "slurm_hooks_textfile_dir must not lie in a .staging"),
     ({"textfile_dir": "/run/hpcobs/dcgm-job-mapping"}, "must differ"),
     ({"epilog_dir": "/etc/slurm/prolog.d"}, "slurm_hooks_prolog_dir and slurm_hooks_epilog_dir must differ"),
     ({"prolog_dir": "/etc/slurm/prolog.d/"}, "slurm_hooks_prolog_dir must be an absolute path"),

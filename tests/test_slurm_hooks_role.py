@@ -251,9 +251,10 @@ def test_check_without_gpus_writes_no_mapping(tmp_path):
     ("GPU_MAP='0:x'\n", "0", "GPU index(es) 0 not in GPU_MAP"),
     ("LOCK_SCOPE=node\n", None, "LOCK_SCOPE must be dir or gpu"),
     ("GPU_MAP='0:1'\n", "0,1", "GPU index(es) 1 not in GPU_MAP"),
-    ('GPU_MAP="0:1"\n', None, "line 1: not a setting (KEY='value')"),
-    ("NOT A LINE\n", None, "line 1: not a setting (KEY='value')"),
-    ("MIG_MAP='0:1.1\n", None, "line 1: not a setting (KEY='value')"),
+    ("LOCK_TIMEOUT=0\n", None, "LOCK_TIMEOUT must be 1-3600 seconds"),
+    ("NOT A LINE\nLOCK_SCOPE=dir\n", None, "is not a working sh fragment: sh: 1: "),
+    ("MIG_MAP='0:1.1\n", None, "Syntax error: Unterminated quoted string"),
+    ("LOCK_SCOPE=$UNSET_VARIABLE\n", None, "UNSET_VARIABLE: parameter not set"),
 ])
 def test_check_fails_on_what_the_hook_reports(tmp_path, conf_text, gpus, message):
     proc = run_check(conf_text, gpus, tmp_path)

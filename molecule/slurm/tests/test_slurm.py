@@ -405,7 +405,7 @@ BAD_CASES = {
         "setup": "mount -t tmpfs -o size=4k hpcobs-verify %s && { dd if=/dev/zero of=%s/filler bs=4k count=2 "
                  "2>/dev/null; true; }" % (TEXTFILE, TEXTFILE),
         "teardown": "umount %s" % TEXTFILE,
-        "log": [r"^prolog job {job}: cannot write %s/\.hpcobs_slurm_job_{job}\.prom\.tmp \(disk full\?\); "
+        "log": [r"^prolog job {job}: cannot write %s/\.staging/hpcobs_slurm_job_{job}\.prom \(disk full\?\); "
                 r"no job-info metric$" % TEXTFILE],
         "mapping": True, "prom": False,
     },
@@ -419,8 +419,8 @@ BAD_CASES = {
     "broken config": {
         "setup": "cp -p %s %s.verify-backup && echo 'THIS IS NOT A SETTING' >> %s" % (HOOKS_CONF, HOOKS_CONF, HOOKS_CONF),
         "teardown": "mv -f %s.verify-backup %s" % (HOOKS_CONF, HOOKS_CONF),
-        "log": [r"^prolog job {job}: config %s: line \d+: not a setting \(KEY='value'\); nothing done$" % HOOKS_CONF,
-                r"^epilog job {job}: config %s: line \d+: not a setting \(KEY='value'\); removing the job all the "
+        "log": [r"^prolog job {job}: config %s: not a working sh fragment \(status 127\); nothing done$" % HOOKS_CONF,
+                r"^epilog job {job}: config %s: not a working sh fragment \(status 127\); removing the job all the "
                 r"same$" % HOOKS_CONF],
         "mapping": False, "prom": False,
     },
@@ -451,7 +451,8 @@ def test_bad_input_under_slurm_never_drains_a_node(clusters, case):
             assert prom_files(host) == (["hpcobs_slurm_job_%s.prom" % job] if spec["prom"] else [])
             if case == "full textfile dir":
                 # nothing half-written is left behind
-                assert host.check_output("ls -A %s", TEXTFILE) == "filler"
+                assert host.check_output("ls -A %s", TEXTFILE).split() == [".staging", "filler"]
+                assert host.check_output("ls -A %s/.staging", TEXTFILE) == ""
             assert node_states(cluster)[sorted(cluster.node_names)[1]] in ("mix", "alloc")
             host.check_output("touch /tmp/release-%s", tag)
         for cluster in clusters:
@@ -481,9 +482,8 @@ def test_bad_input_under_slurm_never_drains_a_node(clusters, case):
 
 CONFIG_BREAKS = {
     "a line that is not a setting": ("echo 'THIS IS NOT A SETTING' >> %s" % HOOKS_CONF,
-                                     r"line \d+: not a setting \(KEY='value'\)"),
-    "a group-writable config": ("chmod g+w %s" % HOOKS_CONF,
-                                r"it or its directory is not owned by root or is writable by others; not read"),
+                                     r"not a working sh fragment \(status 127\)"),
+    "a config that is not root's": ("chown 65534 %s" % HOOKS_CONF, r"not owned by root; not read"),
 }
 
 

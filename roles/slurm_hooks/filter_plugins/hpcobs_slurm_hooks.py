@@ -4,8 +4,8 @@
     hpcobs_slurm_hooks_problems  every problem of the role's settings, as sentences ([] when all is well)
     hpcobs_slurm_hooks_conf    the hooks' config file: one KEY='value' line per setting (refuses bad settings)
 
-The hooks evaluate each KEY= line of that file with the shell, so every value goes through hpcobs_sh_quote and the
-checks here are the only validation of the values (the hooks only guard what they need to run safely).
+The hooks source that file as sh, so every value goes through hpcobs_sh_quote and the checks here are the only
+validation of the values (the hooks only guard what they need to run safely).
 Pure functions, unit tested in tests/test_slurm_hooks_filters.py.
 """
 
@@ -22,6 +22,7 @@ PATH_RE = re.compile(r"^/[A-Za-z0-9._/@+-]*[A-Za-z0-9._@+-]$")
 DATA_DIR_RE = re.compile(r"^/[A-Za-z0-9._/@:+-]*[A-Za-z0-9._@:+-]$")
 BIN_DIR_RE = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 DOT_PART_RE = re.compile(r"(^|/)\.\.?(/|$)")
+STAGING_PART_RE = re.compile(r"(^|/)\.staging(/|$)")  # the hooks rename <dir>/.staging/<name> to <dir>/<name>
 FLAG_RE = re.compile(r"^[A-Za-z]+$")
 TAG_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 LOGGER_RE = re.compile(r"^[A-Za-z0-9/._+-]+$")
@@ -115,6 +116,8 @@ def slurm_hooks_problems(settings: dict, install: bool = True) -> list[str]:
         if not isinstance(value, str) or not DATA_DIR_RE.match(value) or DOT_PART_RE.search(value):
             problems.append(f"slurm_hooks_{name} must be empty or an absolute path of letters, digits and ._/@:+-"
                             f" without . or .. parts (got {value!r})")
+        elif STAGING_PART_RE.search(value):
+            problems.append(f"slurm_hooks_{name} must not lie in a .staging directory (the hooks' own; got {value!r})")
         elif value in SYSTEM_DIRS:
             problems.append(f"slurm_hooks_{name} must be a directory of its own, not {value}")
     if s.get("mapping_dir") and s.get("mapping_dir") == s.get("textfile_dir"):
