@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "slurm_hooks"
@@ -266,3 +267,38 @@ def test_check_fails_on_what_the_hook_reports(tmp_path, conf_text, gpus, message
 def test_check_usage(tmp_path):
     proc = subprocess.run([str(CHECK), str(PROLOG_HOOK)], capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def _version_check_script():
+    tasks = yaml.safe_load((REPO / "roles" / "slurm_hooks" / "tasks" / "preflight.yml").read_text())
+    [task] = [task for task in tasks if task.get("name") == "Read the Slurm version"]
+    return task["ansible.builtin.shell"]["cmd"]
+
+
+@pytest.mark.parametrize("renames,rc", [
+    ({"rename.ul": "/usr/bin/rename.ul"}, 0),                      # Debian: util-linux's rename.ul
+    ({"rename": "/usr/bin/rename.ul"}, 0),                         # EL: util-linux's rename
+    ({"rename": "#!/bin/sh\necho 'perl rename 1.14'\n"}, 2),        # Perl's rename only
+    ({}, 2),                                                       # none
+])
+def test_the_version_check_refuses_a_node_without_util_linux_rename(tmp_path, renames, rc):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "slurmd").write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
+    (bin_dir / "slurmd").chmod(0o755)
+    for name, target in renames.items():
+        if target.startswith("/"):
+            (bin_dir / name).symlink_to(target)
+        else:
+            (bin_dir / name).write_text(target)
+            (bin_dir / name).chmod(0o755)
+    env = {"PATH": str(bin_dir), "HPCOBS_CMDS": "slurmd scontrol slurmctld", "HPCOBS_NEED_RENAME": "1"}
+    result = subprocess.run(["/bin/sh", "-c", _version_check_script()], env=env, capture_output=True, text=True)
+    assert result.returncode == rc, result.stderr
+    if rc == 2:
+        assert "util-linux rename" in result.stderr
+    else:
+        assert result.stdout.startswith("slurmd slurm 24.11.5")
+    # the controllers (no hooks) do not need it
+    env["HPCOBS_NEED_RENAME"] = "0"
+    assert subprocess.run(["/bin/sh", "-c", _version_check_script()], env=env, capture_output=True).returncode == 0
