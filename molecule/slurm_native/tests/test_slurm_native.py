@@ -160,6 +160,8 @@ def test_26_05_gpu_gauges_follow_a_gpu_job(job):
         # and what the lab gives besides GPUs: its one node, one partition, the job
         'slurm_nodes{job="slurmctld_nodes"}': 1,
         'slurm_jobs_running{job="slurmctld_jobs"}': 1,
+        'slurm_partition_nodes{job="slurmctld_partitions",partition="gpu"}': 1,
+        'slurm_partition_jobs_running{job="slurmctld_partitions",partition="gpu"}': 1,
     }
 
     def all_there():
