@@ -91,7 +91,7 @@ unit() {
 
 # Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
 # recorded, else these (seconds, measured on a 2-CPU machine), else "long".
-typical_seconds="default:1450 slurm:700 grafana:420 management:400 gpu_node:140 hw_exporters:250
+typical_seconds="default:1450 slurm:700 grafana:420 slurm_native:400 management:400 gpu_node:140 hw_exporters:250
 bundle_faults:160 logs:150 node_exporter:60 unit:300 lint:60"
 scenarios() { # [--with-checks] [scenario...]: --with-checks queues lint and unit among them
   checks=""
