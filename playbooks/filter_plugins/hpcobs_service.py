@@ -96,29 +96,33 @@ def systemd_word(word):
 COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
 _KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab"}
 _LOG_SHIPPERS = ("promtail", "alloy")
-_loaded = {}
+_loaded = {}  # path: (components, shared facts), read and checked once per file
 
 
-def load_components(path=COMPONENTS_FILE):
-    """{name: entry} of the components map, checked once per file."""
+def _load(path):
     path = os.path.abspath(path)
     if path not in _loaded:
         import yaml  # only needed here; the other filters run without it
 
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle) or {}
-        _loaded[path] = check_components(data, path)
+        _loaded[path] = (check_components(data, path), data.get("shared") or {})
     return _loaded[path]
+
+
+def load_components(path=COMPONENTS_FILE):
+    """{name: entry} of the components map, checked once per file."""
+    return _load(path)[0]
 
 
 def check_components(data, where="components map"):
     """The components of a parsed map, or an error naming every problem in it."""
     problems = []
-    entries = data.get("components") if isinstance(data, dict) else None
     data = data if isinstance(data, dict) else {}
-    if not isinstance(data, dict) or data.get("format") != 1:
+    entries = data.get("components")
+    if data.get("format") != 1:
         problems.append("format must be 1")
-    unknown = set(data) - {"format", "shared", "components"} if isinstance(data, dict) else set()
+    unknown = set(data) - {"format", "shared", "components"}
     if unknown:
         problems.append("unknown top-level key(s) %s" % ", ".join(sorted(unknown)))
     if not isinstance(entries, dict) or not entries:
@@ -155,11 +159,7 @@ def check_components(data, where="components map"):
 
 def shared_fact(name, path=COMPONENTS_FILE):
     """A fact of the map's `shared` section (what more than one role needs, e.g. xid_page_codes)."""
-    load_components(path)
-    with open(os.path.abspath(path), encoding="utf-8") as handle:
-        import yaml
-
-        shared = (yaml.safe_load(handle) or {}).get("shared") or {}
+    shared = _load(path)[1]
     if name not in shared:
         raise AnsibleFilterError("%r is not a shared fact of %s (known: %s)" % (name, path, ", ".join(sorted(shared))))
     return shared[name]
