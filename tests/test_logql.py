@@ -17,7 +17,7 @@ spec = importlib.util.spec_from_file_location(
 logql = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(logql)
 
-XID = ('sum by (node, pci, xid) (count_over_time({syslog_identifier="kernel"} |= "NVRM: Xid" '
+XID = ('sum by (node, pci, xid) (count_over_time({transport="kernel"} |= "NVRM: Xid" '
        '| regexp `NVRM: Xid \\((?:PCI:)?(?P<pci>[^)]+)\\):\\s*(?P<xid>\\d+)` | xid =~ "48|63|64|74|79|94|95" [5m])) > 0')
 
 METRIC = [
@@ -44,7 +44,7 @@ LOG = ['{unit="kernel"} |= "Out of memory"', '{a="b"}', '{a="b", c!="d"} | json 
 
 INVALID = {
     # the unbalanced parenthesis of a site rule that took every group of a real Loki down
-    'sum by (node) (count_over_time({syslog_identifier="kernel"} |= "Out of memory" [5m]) > 0': "expecting ')'",
+    'sum by (node) (count_over_time({transport="kernel"} |= "Out of memory" [5m]) > 0': "expecting ')'",
     '{a="b"': "expecting ',' or '}'",
     'count_over_time({a="b"})': "expecting a range",
     'sum({a="b"})': "aggregates metric queries",

@@ -29,7 +29,7 @@ XID_REGEXP = r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)]+)\):\s*(?P<xid>\d+)"
 
 FACTS = {"os_family": "Debian", "service_mgr": "systemd", "distribution": "Debian", "distribution_version": "12.8",
          "distribution_major_version": "12", "architecture": "x86_64"}
-OOM_EXPR = 'sum by (node) (count_over_time({syslog_identifier="kernel"} |= "Out of memory" [5m])) > 0'
+OOM_EXPR = 'sum by (node) (count_over_time({transport="kernel"} |= "Out of memory" [5m])) > 0'
 GOOD_GROUPS = [{"name": "site", "rules": [{"alert": "SiteOomKiller", "expr": OOM_EXPR,
                                             "labels": {"severity": "warning", "audience": "ops"},
                                             "annotations": {"summary": "s", "description": "d", "runbook": "r"}}]}]
@@ -255,7 +255,7 @@ def test_xid_rules_follow_the_contract(rendered):
         assert set(rule["annotations"]) == {"summary", "description", "runbook"}
         # Loki's own templates survive Ansible's templating
         assert "{{ $labels.xid }}" in rule["annotations"]["summary"]
-        assert rule["expr"].startswith('sum by (node, pci, xid) (count_over_time({syslog_identifier="kernel"} '
+        assert rule["expr"].startswith('sum by (node, pci, xid) (count_over_time({transport="kernel"} '
                                        '|= "NVRM: Xid" | regexp `' + XID_REGEXP + '`')
         assert rule["expr"].endswith("[5m])) > 0")
         assert "\n" not in rule["expr"]

@@ -215,7 +215,7 @@ def loki_server(tmp_path):
     rules = tmp_path / "rules" / "fake"
     rules.mkdir(parents=True)
     (rules / "hpcobs.yml").write_text(yaml.safe_dump({"groups": [{"name": "hpcobs-kernel-log", "rules": [
-        {"alert": "HpcobsGpuXidKernelLogCritical", "expr": '{syslog_identifier="kernel"} |= "NVRM: Xid"',
+        {"alert": "HpcobsGpuXidKernelLogCritical", "expr": '{transport="kernel"} |= "NVRM: Xid"',
          "labels": {"severity": "critical", "audience": "oncall"},
          "annotations": {"summary": "{{ $labels.node }}", "description": "d", "runbook": "r"}}]}]}))
     grpc = free_port()
@@ -264,17 +264,17 @@ def test_cli_verify_config_and_flags(loki_server, tmp_path):
 def test_push_query_labels_and_persistence(loki_server):
     url = loki_server["url"]
     now = time.time_ns()
-    status, _ = push(url, [{"stream": {"node": "gpu01", "syslog_identifier": "kernel"},
+    status, _ = push(url, [{"stream": {"node": "gpu01", "syslog_identifier": "kernel", "transport": "kernel"},
                             "values": [[str(now), "NVRM: Xid (PCI:0000:3b:00): 79, pid=1"],
                                        [str(now + 1), "something else"]]},
                            {"stream": {"node": "gpu02", "job": "slurm"}, "values": [[str(now), "slurm line"]]}])
     assert status == 204
-    params = urllib.parse.urlencode({"query": '{syslog_identifier="kernel"} |= "NVRM: Xid"',
+    params = urllib.parse.urlencode({"query": '{transport="kernel"} |= "NVRM: Xid"',
                                      "start": str(now - 10 ** 9)})
     status, body = call(url + "/loki/api/v1/query_range?" + params)
     result = json.loads(body)["data"]["result"]
     assert status == 200 and len(result) == 1
-    assert result[0]["stream"] == {"node": "gpu01", "syslog_identifier": "kernel"}
+    assert result[0]["stream"] == {"node": "gpu01", "syslog_identifier": "kernel", "transport": "kernel"}
     assert [v[1] for v in result[0]["values"]] == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1"]
     params_slurm = urllib.parse.urlencode({"query": '{job="slurm"} != "other"', "start": str(now - 10 ** 9)})
     (slurm,) = json.loads(call(url + "/loki/api/v1/query_range?" + params_slurm)[1])["data"]["result"]

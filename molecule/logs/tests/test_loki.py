@@ -92,7 +92,7 @@ def test_rule_file_follows_the_alert_contract(host):
     assert rules["HpcobsGpuXidKernelLog"]["labels"] == {"severity": "warning", "audience": "ops"}
     for rule in rules.values():
         assert set(rule["annotations"]) == {"summary", "description", "runbook"}
-        assert '{syslog_identifier="kernel"} |= "NVRM: Xid"' in rule["expr"]
+        assert '{transport="kernel"} |= "NVRM: Xid"' in rule["expr"]
         assert rule["expr"].startswith("sum by (node, pci, xid) (count_over_time(")
         assert "{{ $labels.node }}" in rule["annotations"]["summary"]
     assert '| xid =~ "48|63|64|74|79|94|95"' in rules["HpcobsGpuXidKernelLogCritical"]["expr"]
@@ -138,7 +138,7 @@ def test_a_broken_site_rule_changes_nothing_and_the_xid_group_stays(host, tmp_pa
     groups = read_yaml(host, rules_file)["groups"]
     broken = {"name": "site-oom", "rules": [{
         "alert": "SiteOomKiller",
-        "expr": 'sum by (node) (count_over_time({syslog_identifier="kernel"} |= "Out of memory" [5m]) > 0',
+        "expr": 'sum by (node) (count_over_time({transport="kernel"} |= "Out of memory" [5m]) > 0',
         "labels": {"severity": "warning", "audience": "ops"},
         "annotations": {"summary": "OOM on {{ $labels.node }}", "description": "d", "runbook": "r"}}]}
     extra = tmp_path / "site-rules.yml"
