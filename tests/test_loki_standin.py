@@ -379,3 +379,129 @@ def test_auth_enabled_needs_a_tenant(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+# --------------------------------------------------------------------------------------------- ruler evaluation
+XID_RULE = ('sum by (node, pci, xid) (count_over_time({transport="kernel"} |= "NVRM: Xid" '
+            '| regexp `NVRM: Xid \\((?:PCI:)?(?P<pci>[^)]+)\\):\\s*(?P<xid>\\d+)` '
+            '| xid =~ "48|63|64|74|79|94|95" [5m])) > 0')
+
+
+def xid_rules(expr=XID_RULE, hold=None):
+    rule = {"alert": "HpcobsGpuXidKernelLogCritical", "expr": expr,
+            "labels": {"severity": "critical", "audience": "oncall"},
+            "annotations": {"summary": "XID {{ $labels.xid }} on {{ $labels.node }} ({{ $labels.pci }})"}}
+    if hold:
+        rule["for"] = hold
+    return {"fake": {"hpcobs.yml": [{"name": "hpcobs-kernel-log", "rules": [rule]}]}}
+
+
+def standin(tmp_path, rules):
+    store = loki.Loki(dict(BASE_CONFIG, common={"path_prefix": str(tmp_path)}))
+    store.rules = rules
+    return store
+
+
+def entry(ts, line, **labels):
+    return {"tenant": "fake", "stream": dict({"node": "gpu01", "job": "systemd-journal"}, **labels), "ts": str(ts),
+            "line": line}
+
+
+def test_compile_rule_takes_the_shipped_shape_only():
+    by, matchers, filters, stages, window, op, threshold = loki.compile_rule(XID_RULE)
+    assert by == ["node", "pci", "xid"] and matchers == [("transport", "=", "kernel")]
+    assert filters == [("|=", "NVRM: Xid")] and window == 300 * 10 ** 9 and (op, threshold) == (">", 0.0)
+    assert [s[0] for s in stages] == ["regexp", "label"] and stages[1][1:] == ("xid", "=~", "48|63|64|74|79|94|95")
+    for other in ['sum(rate({a="b"}[5m])) > 0', 'count_over_time({a="b"}[5m]) > 0', '{a="b"} |= "x"',
+                  'sum by (node) (count_over_time({a="b"} | json [5m])) > 0']:
+        assert loki.compile_rule(other) is None, other
+
+
+def test_only_kernel_transport_lines_fire_the_xid_rule(tmp_path):
+    now = time.time_ns()
+    store = standin(tmp_path, xid_rules())
+    forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    store.entries = [
+        entry(now - 10 ** 9, forged, transport="syslog", syslog_identifier="kernel"),
+        entry(now - 10 ** 9, "NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+              "the bus.", transport="kernel", syslog_identifier="kernel"),
+        entry(now - 10 ** 9, "NVRM: Xid (PCI:0000:87:00): 13, pid=1, name=x, Graphics SM Warp Exception",
+              transport="kernel", syslog_identifier="kernel"),
+        entry(now - 400 * 10 ** 9, "NVRM: Xid (PCI:0000:88:00): 79, old", transport="kernel"),
+    ]
+    (alert,) = store.evaluate(now)
+    assert alert["labels"] == {"node": "gpu01", "pci": "0000:86:00", "xid": "79", "severity": "critical",
+                               "audience": "oncall", "alertname": "HpcobsGpuXidKernelLogCritical"}
+    assert alert["annotations"]["summary"] == "XID 79 on gpu01 (0000:86:00)"
+    assert [a["labels"]["pci"] for a in store.alerts("fake")] == ["0000:86:00"]
+    (group,) = store.groups("fake")
+    assert group["rules"][0]["state"] == "firing" and group["rules"][0]["health"] == "ok"
+    # the forged line alone fires nothing
+    store.entries = store.entries[:1]
+    assert store.evaluate(now) == [] and store.alerts("fake") == []
+    assert store.groups("fake")[0]["rules"][0]["state"] == "inactive"
+
+
+def test_for_keeps_an_alert_pending_and_the_regexp_renames_stream_labels(tmp_path):
+    now = time.time_ns()
+    store = standin(tmp_path, xid_rules(hold="1m"))
+    store.entries = [entry(now - 10 ** 9, "NVRM: Xid (0000:3b:00): 79, x", transport="kernel", pci="stream")]
+    assert store.evaluate(now) == [] and store.alerts("fake")[0]["state"] == "pending"
+    assert store.evaluate(now + 30 * 10 ** 9) == [] and store.alerts("fake")[0]["state"] == "pending"
+    (alert,) = store.evaluate(now + 61 * 10 ** 9)
+    assert alert["state"] == "firing" and alert["labels"]["pci"] == "stream"  # the stream's own label stays
+    assert loki.run_stages({"pci": "s"}, "NVRM: Xid (PCI:0000:3b:00): 79", loki.compile_rule(XID_RULE)[3]) == {
+        "pci": "s", "pci_extracted": "0000:3b:00", "xid": "79"}
+
+
+def test_the_ruler_posts_firing_alerts_to_alertmanager(tmp_path):
+    import http.server
+    import threading
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            received.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    receiver = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    port, grpc = free_port(), free_port()
+    rules = tmp_path / "rules" / "fake"
+    rules.mkdir(parents=True)
+    (rules / "hpcobs.yml").write_text(yaml.safe_dump({"groups": xid_rules()["fake"]["hpcobs.yml"]}))
+    config = dict(BASE_CONFIG, server={"http_listen_address": "127.0.0.1", "http_listen_port": port,
+                                       "grpc_listen_address": "127.0.0.1", "grpc_listen_port": grpc},
+                  common={"path_prefix": str(tmp_path / "data")}, ingester={"lifecycler": QUICK},
+                  ruler={"storage": {"type": "local", "local": {"directory": str(tmp_path / "rules")}},
+                         "evaluation_interval": "1s",
+                         "alertmanager_url": "http://127.0.0.1:%d" % receiver.server_address[1]})
+    (tmp_path / "loki.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([str(LOKI), "-config.file=%s" % (tmp_path / "loki.yml")], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        wait_ready(url + "/ready")
+        now = time.time_ns()
+        assert push(url, [{"stream": {"node": "gpu01", "transport": "syslog", "syslog_identifier": "kernel"},
+                           "values": [[str(now), "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x"]]}])[0] == 204
+        time.sleep(2.5)
+        assert received == []
+        assert json.loads(call(url + "/prometheus/api/v1/alerts")[1])["data"]["alerts"] == []
+        assert push(url, [{"stream": {"node": "gpu01", "transport": "kernel", "syslog_identifier": "kernel"},
+                           "values": [[str(now), "NVRM: Xid (PCI:0000:86:00): 79, pid=1, name=x"]]}])[0] == 204
+        deadline = time.time() + 10
+        while not received and time.time() < deadline:
+            time.sleep(0.2)
+        path, (alert,) = received[0]
+        assert path == "/api/v2/alerts" and alert["labels"]["pci"] == "0000:86:00"
+        (listed,) = json.loads(call(url + "/prometheus/api/v1/alerts")[1])["data"]["alerts"]
+        assert listed["state"] == "firing" and listed["labels"]["alertname"] == "HpcobsGpuXidKernelLogCritical"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        receiver.shutdown()
