@@ -279,7 +279,8 @@ def test_help_documents_flags_faults_and_mapping():
     for kind in ("ecc-dbe", "thermal", "xid", "hang", "power", "pcie", "offbus", "clear"):
         assert kind in fault_help, kind
     doc = gpusim.__doc__
-    for topic in ("JOB MAPPING", "FAULTS", "/dev/kmsg", "logger -t kernel", "HTTP 500"):
+    for topic in ("JOB MAPPING", "FAULTS", "/dev/kmsg", "logger -t kernel", "systemd-journal-remote",
+                  "_TRANSPORT=kernel", "HTTP 500"):
         assert topic in doc, topic
 
 
@@ -905,15 +906,77 @@ def test_fault_xid_via_logger_fallback(sim, tmp_path):
     fake.write_text("#!/bin/sh\nprintf '%%s\\n' \"$@\" > %s\n" % record)
     fake.chmod(0o755)
     env = {"PATH": "%s:%s" % (bindir, os.environ.get("PATH", "")),
-           "HPCOBS_GPUSIM_KMSG": str(tmp_path / "no-such-dir" / "kmsg")}
+           "HPCOBS_GPUSIM_KMSG": str(tmp_path / "no-such-dir" / "kmsg"),
+           "HPCOBS_GPUSIM_JOURNAL_REMOTE": str(tmp_path / "no-such-dir" / "systemd-journal-remote")}
     result = sim.fault("set", "--gpu", "1", "xid", "--code", "79", env=env)
     assert "[logger]" in result.stdout
+    # auto warns: a logger line carries _TRANSPORT=syslog, which the Loki XID rules ignore
+    assert "the Loki XID rules ignore" in result.stderr
     args = record.read_text().splitlines()
     assert args[:5] == ["-t", "kernel", "-p", "kern.err", "--"]
     assert args[5].startswith("NVRM: Xid (PCI:0000:") and args[5].endswith(
         "79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
     forced = sim.fault("set", "--gpu", "1", "xid", "--code", "31", "--journal", "none")
     assert "[none]" in forced.stdout
+
+
+def fake_journal_remote(tmp_path):
+    """A systemd-journal-remote that records its arguments and the export stream it was given."""
+    fake = tmp_path / "systemd-journal-remote"
+    fake.write_text("#!/bin/sh\nprintf '%%s\\n' \"$@\" > %s/args\ncat > %s/export\n" % (tmp_path, tmp_path))
+    fake.chmod(0o755)
+    return fake
+
+
+def parse_export(data):
+    """[{field: value}] of a journal export stream (text and binary fields)."""
+    entries, entry, pos = [], {}, 0
+    while pos < len(data):
+        end = data.index(b"\n", pos)
+        line = data[pos:end]
+        pos = end + 1
+        if not line:
+            entries.append(entry)
+            entry = {}
+        elif b"=" in line:
+            name, _, value = line.partition(b"=")
+            entry[name.decode()] = value.decode()
+        else:
+            size = int.from_bytes(data[pos:pos + 8], "little")
+            entry[line.decode()] = data[pos + 8:pos + 8 + size].decode()
+            pos += 8 + size + 1
+    return entries
+
+
+def test_fault_xid_via_journal_remote_is_a_kernel_transport_entry(sim, tmp_path):
+    fake = fake_journal_remote(tmp_path)
+    journal = tmp_path / "journal" / "0123456789abcdef0123456789abcdef"
+    env = {"HPCOBS_GPUSIM_KMSG": str(tmp_path / "no-such-dir" / "kmsg"), "HPCOBS_GPUSIM_JOURNAL_REMOTE": str(fake),
+           "HPCOBS_GPUSIM_JOURNAL_DIR": str(journal)}
+    result = sim.fault("set", "--gpu", "1", "xid", "--code", "79", env=env)
+    assert "[journal-remote]" in result.stdout
+    assert (tmp_path / "args").read_text().splitlines() == [
+        "--split-mode=none", "--output=%s/hpcobs-gpusim-kernel.journal" % journal, "-"]
+    assert journal.is_dir()
+    (entry,) = parse_export((tmp_path / "export").read_bytes())
+    assert (entry["_TRANSPORT"], entry["SYSLOG_IDENTIFIER"], entry["SYSLOG_FACILITY"], entry["PRIORITY"]) == (
+        "kernel", "kernel", "0", "3")
+    assert entry["MESSAGE"].startswith("NVRM: Xid (PCI:0000:") and entry["MESSAGE"].endswith(
+        "79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    assert abs(int(entry["__REALTIME_TIMESTAMP"]) / 1e6 - time.time()) < 60
+    assert int(entry["__MONOTONIC_TIMESTAMP"]) > 0 and entry["_HOSTNAME"] == os.uname().nodename
+    # forced: fails clearly when the program is missing, and auto takes it when /dev/kmsg is not writable
+    missing = dict(env, HPCOBS_GPUSIM_JOURNAL_REMOTE=str(tmp_path / "none"))
+    failed = sim.fault("set", "--gpu", "1", "xid", "--code", "79", "--journal", "journal-remote", env=missing,
+                       check=False)
+    assert failed.returncode == 1 and "install the Debian package systemd-journal-remote" in failed.stderr
+
+
+def test_kernel_export_entry_uses_the_binary_form_for_a_newline():
+    data = gpusim.faults.kernel_export_entry("a\nb", now_ns=5 * 10 ** 9, monotonic_ns=7 * 10 ** 9)
+    (entry,) = parse_export(data)
+    assert entry["MESSAGE"] == "a\nb" and entry["__REALTIME_TIMESTAMP"] == "5000000"
+    assert entry["__MONOTONIC_TIMESTAMP"] == "7000000" and entry["_TRANSPORT"] == "kernel"
 
 
 def test_fault_hang(sim):

@@ -309,7 +309,7 @@ def test_xid_79_pages_oncall_with_the_job(e2e):
     assert (labels["node"], labels["user"], labels["account"]) == (GPU2, "carol", "physics")
     assert delay <= bound
     # the kernel-style line reached the node's journal (Promtail ships it to Loki)
-    assert re.search(r"NVRM: Xid \(PCI:[0-9a-f:.]+\): 79", sh(GPU2, "journalctl -t kernel --no-pager -n 50"))
+    assert re.search(r"NVRM: Xid \(PCI:[0-9a-f:.]+\): 79", sh(GPU2, "journalctl -k --no-pager -n 50"))
 
 
 def test_every_dashboard_query_returns_data(e2e):

@@ -258,7 +258,7 @@ def test_xid_79_shows_in_the_metric_and_as_a_kernel_line_in_the_journal(host):
     since = host.check_output("date +%s").strip()
     try:
         out = host.check_output("%s fault set --gpu %d xid --code 79" % (SIM, gpu))
-        assert "[logger]" in out
+        assert "[journal-remote]" in out
         value, sample = value_of(host, "DCGM_FI_DEV_XID_ERRORS", gpu)
         assert value == 79
         assert sample.labels[-2:] == [("err_code", "79"), ("err_msg", "GPU has fallen off the bus")]
@@ -274,6 +274,12 @@ def test_xid_79_shows_in_the_metric_and_as_a_kernel_line_in_the_journal(host):
         assert "GPU has fallen off the bus" in record["MESSAGE"]
         assert record["SYSLOG_IDENTIFIER"] == "kernel"
         assert record["PRIORITY"] == "3"
+        # the journal's trusted transport, as for the driver's own lines (the Loki XID rules select on it)
+        assert record["_TRANSPORT"] == "kernel" and record["SYSLOG_FACILITY"] == "0"
+        assert record["_BOOT_ID"] == host.file("/proc/sys/kernel/random/boot_id").content_string.strip().replace(
+            "-", "")
+        # journalctl -k (this boot's kernel messages) shows it, as the runbook's `journalctl -k -g 'NVRM: Xid'`
+        assert "NVRM: Xid (PCI:%s): 79" % pci in host.check_output("journalctl -k --no-pager -g 'NVRM: Xid'")
     finally:
         host.run("%s fault clear --gpu %d" % (SIM, gpu))
     assert value_of(host, "DCGM_FI_DEV_XID_ERRORS", gpu)[0] == 0

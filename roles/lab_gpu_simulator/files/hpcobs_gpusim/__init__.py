@@ -149,7 +149,7 @@ FAULTS
     hpcobs-gpusim fault clear [--gpu N] [KIND]
     hpcobs-gpusim fault list [--json]
   (plus --sim-config, --sim-state-dir, --sim-hostname, --sim-gpus and
-  --journal {auto,kmsg,logger,none} to reach the right node state)
+  --journal {auto,kmsg,journal-remote,logger,none} to reach the right node state)
 
   Faults are written atomically to <state dir>/faults.json (mode 0644, under
   a lock), read by the server on every scrape, survive restarts and end only
@@ -184,16 +184,28 @@ FAULTS
   time, PCIe replay and NVLink error totals are counters since boot and keep
   their value.
 
-  Journal: with --journal auto (default) the kernel line goes to /dev/kmsg
-  when it is writable, as "<11>kernel: NVRM: Xid ...": journald stores it
-  with _TRANSPORT=kernel, SYSLOG_IDENTIFIER=kernel, PRIORITY=3 (the kernel
-  forces the facility of injected records to "user", so journalctl -k shows
-  it).  Otherwise it runs "logger -t kernel -p kern.err", which gives
-  SYSLOG_IDENTIFIER=kernel, PRIORITY=3 over the syslog transport
-  (SYSLOG_FACILITY=1: util-linux logger files facility kern, number 0, as
-  "user").  "kmsg" and "logger" force one way, "none" only prints.  The
-  line is also printed on stdout.  HPCOBS_GPUSIM_KMSG overrides the /dev/kmsg
-  path (tests).
+  Journal: the kernel line must reach the journal as the driver's own
+  lines do, with _TRANSPORT=kernel (a field only journald sets, which the
+  Loki XID rules select on).  With --journal auto (default) it goes to
+  /dev/kmsg when that is writable, as "<11>kernel: NVRM: Xid ...": journald
+  stores it with _TRANSPORT=kernel, SYSLOG_IDENTIFIER=kernel, PRIORITY=3
+  (the kernel files injected records as facility "user").  Otherwise
+  (podman containers have no /dev/kmsg, and a host's /dev/kmsg would be
+  seen by every container) it takes journal-remote: the entry, in journal
+  export format with _TRANSPORT=kernel, SYSLOG_IDENTIFIER=kernel,
+  SYSLOG_FACILITY=0, PRIORITY=3, the boot and machine ids, is imported
+  with "systemd-journal-remote --output=<journal dir>/hpcobs-gpusim-kernel
+  .journal -" into /var/log/journal/<machine-id>/ (or /run/log/journal/
+  <machine-id>/ with volatile storage), where journalctl, Promtail and
+  Alloy (reading the local journal) merge it in.  "logger" runs
+  "logger -t kernel -p kern.err": SYSLOG_IDENTIFIER=kernel but
+  _TRANSPORT=syslog, the line any user can forge, which the rules ignore
+  (auto falls back to it, with a warning, only when systemd-journal-remote
+  is missing).  "kmsg", "journal-remote" and "logger" force one way,
+  "none" only prints.  The
+  line is also printed on stdout.  HPCOBS_GPUSIM_KMSG,
+  HPCOBS_GPUSIM_JOURNAL_REMOTE and HPCOBS_GPUSIM_JOURNAL_DIR override the
+  /dev/kmsg path, the program and the journal directory (tests).
 
 FILES (state dir)
   faults.json    faults, written by the fault CLI (run it as root)

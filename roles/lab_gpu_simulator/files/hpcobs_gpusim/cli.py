@@ -30,7 +30,7 @@ PCI_BUS_ID_RE = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 
 CONFIG_KEYS = {"gpus", "model", "driver_version", "mig", "state_dir", "hostname",
                "busy_gpus", "journal", "power_limit_w", "fb_total_mib", "seed", "emulate"}
-JOURNAL_MODES = ("auto", "kmsg", "logger", "none")
+JOURNAL_MODES = ("auto", "kmsg", "journal-remote", "logger", "none")
 
 
 def load_config_file(path, explicit):

@@ -7,7 +7,9 @@ import math
 import os
 import random
 import shutil
+import struct
 import subprocess
+import time
 
 from .common import DEFAULT_KMSG, FAULTS_FILE, LOCK_FILE, atomic_write, log
 from .fields import xid_name
@@ -231,8 +233,85 @@ def xid_kernel_message(code, pci_bus_id, pid=None, process=None, rng=None):
     return prefix + who + ", " + text
 
 
+JOURNAL_FILE = "hpcobs-gpusim-kernel.journal"
+JOURNAL_REMOTE = ("/usr/lib/systemd/systemd-journal-remote", "/lib/systemd/systemd-journal-remote")
+
+
+def _read(path, default=""):
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return default
+
+
+def journal_directory():
+    """The directory journald writes this machine's journal to: /var/log/journal/<machine-id> (persistent
+    storage), else /run/log/journal/<machine-id>. HPCOBS_GPUSIM_JOURNAL_DIR overrides it (tests)."""
+    override = os.environ.get("HPCOBS_GPUSIM_JOURNAL_DIR")
+    if override:
+        return override
+    machine_id = _read("/etc/machine-id")
+    if not machine_id:
+        raise OSError("no /etc/machine-id: cannot tell where the journal of this machine is")
+    persistent = os.path.join("/var/log/journal", machine_id)
+    return persistent if os.path.isdir(persistent) else os.path.join("/run/log/journal", machine_id)
+
+
+def kernel_export_entry(message, now_ns=None, monotonic_ns=None):
+    """One journal entry in journal export format, as journald stores a kernel ring-buffer line: the trusted
+    fields _TRANSPORT=kernel, _BOOT_ID, _MACHINE_ID, _HOSTNAME, and SYSLOG_FACILITY=0 (kern),
+    SYSLOG_IDENTIFIER=kernel, PRIORITY=3 (err), MESSAGE."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    monotonic_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC) if monotonic_ns is None else monotonic_ns
+    fields = [("__REALTIME_TIMESTAMP", str(now_ns // 1000)), ("__MONOTONIC_TIMESTAMP", str(monotonic_ns // 1000)),
+              ("_BOOT_ID", _read("/proc/sys/kernel/random/boot_id").replace("-", "")),
+              ("_MACHINE_ID", _read("/etc/machine-id")), ("_HOSTNAME", os.uname().nodename),
+              ("_TRANSPORT", "kernel"), ("_SOURCE_MONOTONIC_TIMESTAMP", str(monotonic_ns // 1000)),
+              ("SYSLOG_FACILITY", "0"), ("SYSLOG_IDENTIFIER", "kernel"), ("PRIORITY", "3"), ("MESSAGE", message)]
+    out = bytearray()
+    for name, value in fields:
+        if not value:
+            continue
+        data = value.encode("utf-8")
+        if b"\n" in data:
+            # the export format's binary form: name, newline, little-endian 64-bit length, data, newline
+            out += name.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+        else:
+            out += name.encode() + b"=" + data + b"\n"
+    return bytes(out + b"\n")
+
+
+def find_journal_remote():
+    """The systemd-journal-remote program, or None. HPCOBS_GPUSIM_JOURNAL_REMOTE names the only candidate (tests)."""
+    override = os.environ.get("HPCOBS_GPUSIM_JOURNAL_REMOTE")
+    return next((path for path in ([override] if override else JOURNAL_REMOTE) if os.access(path, os.X_OK)), None)
+
+
+def import_kernel_entry(message, journal_remote=None, directory=None):
+    """Append `message` as a kernel-transport entry to <journal dir>/hpcobs-gpusim-kernel.journal with
+    systemd-journal-remote (which stores an exported entry's fields as given, trusted ones included). Every
+    reader of the local journal (journalctl, Promtail and Alloy without a path) merges that file in."""
+    journal_remote = journal_remote or find_journal_remote()
+    if not journal_remote:
+        raise OSError("systemd-journal-remote not found (%s): install the Debian package systemd-journal-remote"
+                      % " or ".join(JOURNAL_REMOTE))
+    directory = directory or journal_directory()
+    os.makedirs(directory, exist_ok=True)
+    result = subprocess.run([journal_remote, "--split-mode=none", "--output=" + os.path.join(directory, JOURNAL_FILE),
+                             "-"], input=kernel_export_entry(message), capture_output=True, check=False)
+    if result.returncode != 0:
+        raise OSError("systemd-journal-remote failed (%d): %s" % (
+            result.returncode, result.stderr.decode("utf-8", "replace").strip()))
+
+
 def emit_kernel_line(message, mode="auto", kmsg_path=None):
-    """Write `message` to the journal as a kernel error; return the way used."""
+    """Write `message` to the journal as a kernel error; return the way used.
+
+    kmsg: /dev/kmsg (the kernel's ring buffer: journald records _TRANSPORT=kernel). journal-remote: an entry with
+    _TRANSPORT=kernel imported into the local journal (containers, whose /dev/kmsg is absent or the host's).
+    logger: the syslog socket, _TRANSPORT=syslog: what any user can forge, which the Loki XID rules ignore.
+    auto: kmsg when writable, else journal-remote when installed, else logger (with a warning)."""
     kmsg_path = kmsg_path or os.environ.get("HPCOBS_GPUSIM_KMSG") or DEFAULT_KMSG
     if mode in ("auto", "kmsg"):
         try:
@@ -247,10 +326,16 @@ def emit_kernel_line(message, mode="auto", kmsg_path=None):
         except OSError as exc:
             if mode == "kmsg":
                 raise
-            log("WARN", "cannot write kernel log, falling back to logger", error=exc)
+            log("WARN", "cannot write kernel log, trying systemd-journal-remote", error=exc)
+    if mode == "journal-remote" or (mode == "auto" and find_journal_remote()):
+        import_kernel_entry(message)
+        return "journal-remote"
     if mode in ("auto", "logger"):
         logger = shutil.which("logger")
         if logger:
+            if mode == "auto":
+                log("WARN", "no /dev/kmsg and no systemd-journal-remote: logging with logger, whose "
+                            "_TRANSPORT=syslog line the Loki XID rules ignore")
             subprocess.run([logger, "-t", "kernel", "-p", "kern.err", "--", message],
                            check=True)
             return "logger"
