@@ -44,7 +44,10 @@ SITE = {
 }
 
 INVENTORY = {"all": {"children": {
-    "management": {"hosts": {"mgmt01.example": None, "mgmt02.example": None,
+    # _alertmanager_cluster_ip: what preflight resolves on the host (getent ahosts, kept if one of its own addresses)
+    "management": {"hosts": {"mgmt01.example": {"_alertmanager_cluster_ip": "10.0.0.1"},
+                             "mgmt02.example": {"alertmanager_listen_address": "[fd00::2]:9093",
+                                                "_alertmanager_cluster_ip": "fd00::2"},
                              "mgmt03.example": {"hpcobs_address": "10.0.0.3"}}},
     "small_site": {"hosts": {"solo01.example": {"alertmanager_cluster_hosts": ["solo01.example"]}}},
 }}}
@@ -80,7 +83,7 @@ def rendered(tmp_path_factory):
     out = work / "out"
     playbook = [{
         "name": "Render the alertmanager configuration and unit",
-        "hosts": "mgmt01.example,solo01.example",
+        "hosts": "mgmt01.example,mgmt02.example,solo01.example",
         "connection": "local",
         "gather_facts": False,
         "vars_files": [str(ROLE / "vars" / "main.yml")],
@@ -93,6 +96,9 @@ def rendered(tmp_path_factory):
                 "src": "{{ item.src }}", "dest": str(out) + "/{{ inventory_hostname }}/{{ item.dest }}", "mode": "0644"},
              "loop": [{"src": str(ROLE / "templates" / "alertmanager.yml.j2"), "dest": "alertmanager.yml"},
                       {"src": str(SERVICE_ROLE / "templates" / "service.service.j2"), "dest": "alertmanager.service"}]},
+            {"name": "The address preflight resolves for gossip", "ansible.builtin.copy": {
+                "content": "{{ _alertmanager_cluster_name }}\n", "mode": "0644",
+                "dest": str(out) + "/{{ inventory_hostname }}/cluster-name"}},
         ],
     }]
     (work / "render.yml").write_text(yaml.safe_dump(playbook))
@@ -148,7 +154,14 @@ def test_a_cluster_host_peers_with_every_other_host(rendered):
     assert "--cluster.peer=mgmt02.example:9094" in unit
     assert "--cluster.peer=10.0.0.3:9094" in unit
     assert "--cluster.peer=mgmt01.example" not in unit
-    assert "--cluster.listen-address=0.0.0.0:9094" in unit
+    # gossip on the host's own address, advertised as such: never every address
+    assert "--cluster.listen-address=10.0.0.1:9094" in unit and "0.0.0.0" not in unit
+    assert "--cluster.advertise-address=10.0.0.1:9094" in unit
+    # the name preflight resolves on the host: its inventory address, or the host of its listen address
+    assert (rendered / "mgmt01.example" / "cluster-name").read_text() == "mgmt01.example\n"
+    assert (rendered / "mgmt02.example" / "cluster-name").read_text() == "fd00::2\n"
+    unit2 = (rendered / "mgmt02.example" / "alertmanager.service").read_text()
+    assert "--cluster.listen-address=[fd00::2]:9094" in unit2 and "--cluster.advertise-address=[fd00::2]:9094" in unit2
     assert "--web.external-url=http://mgmt01.example:9093" in unit
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
 
@@ -156,7 +169,9 @@ def test_a_cluster_host_peers_with_every_other_host(rendered):
 def test_a_single_host_runs_without_clustering(rendered):
     unit = (rendered / "solo01.example" / "alertmanager.service").read_text()
     assert "--cluster.peer" not in unit
-    assert "--cluster.listen-address=\n" in unit
+    # empty: upstream's "Set to empty string to disable HA mode"; nothing listens on the cluster port
+    assert "--cluster.listen-address=\n" in unit and "--cluster.advertise-address" not in unit
+    assert (rendered / "solo01.example" / "alertmanager.yml").exists()
     config = yaml.safe_load((rendered / "solo01.example" / "alertmanager.yml").read_text())
     assert [r["name"] for r in config["receivers"]] == ["oncall", "ops"]
     assert config["route"]["receiver"] == "ops"

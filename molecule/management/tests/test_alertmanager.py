@@ -31,12 +31,21 @@ def test_unit_is_hardened(host, setting, expected):
     assert unit_property(host, "alertmanager", setting) == expected
 
 
+def own_address(host, name):
+    """The host's address on the scenario network (what its inventory name resolves to there)."""
+    return host.check_output("getent ahostsv4 %s" % name).split()[0]
+
+
 def test_cluster_flags_name_the_other_host(host):
     name = host.check_output("hostname")
     other = [m for m in MANAGEMENT if m != name]
     args = cmdline(host, "alertmanager")
     assert [a for a in args if a.startswith("--cluster.peer=")] == ["--cluster.peer=%s:9094" % o for o in other]
-    assert "--cluster.listen-address=0.0.0.0:9094" in args
+    # gossip binds to and advertises the host's own address, never every address
+    address = own_address(host, name)
+    assert not address.startswith("127.")
+    assert "--cluster.listen-address=%s:9094" % address in args
+    assert "--cluster.advertise-address=%s:9094" % address in args
     assert "--storage.path=/var/lib/alertmanager" in args
     assert "--web.external-url=http://%s:9093" % name in args
 
@@ -48,7 +57,20 @@ def test_cluster_has_both_peers(host):
         cluster = get_json(name, "http://127.0.0.1:9093/api/v2/status")["cluster"]
         return cluster if cluster["status"] == "ready" and len(cluster["peers"]) == 2 else None
     cluster = wait_for("a ready cluster of 2 peers", ready, timeout=60)
-    assert sorted(p["address"].rsplit(":", 1)[1] for p in cluster["peers"]) == ["9094", "9094"]
+    # each peer is known at its own address: this host's and the other one's
+    assert sorted(p["address"] for p in cluster["peers"]) == sorted(
+        "%s:9094" % own_address(host, m) for m in MANAGEMENT)
+
+
+def test_gossip_listens_on_the_own_address_only(host):
+    name = host.check_output("hostname")
+    address = own_address(host, name)
+    # TCP and UDP (memberlist), as `ss` sees them in the container: the own address, nothing on 0.0.0.0 or [::]
+    sockets = host.check_output("ss -H -ltun 'sport = :9094'").splitlines()
+    local = sorted((line.split()[0], line.split()[4]) for line in sockets)
+    assert local == [("tcp", "%s:9094" % address), ("udp", "%s:9094" % address)], sockets
+    assert not host.socket("tcp://0.0.0.0:9094").is_listening
+    assert not host.socket("udp://0.0.0.0:9094").is_listening
 
 
 def test_configuration_file_is_private_and_valid(host):
