@@ -258,3 +258,34 @@ def test_counters_csv_is_the_roles_file_plus_extra_rows_and_parses(rendered):
 def test_tmpfiles_entry(rendered):
     lines = [x for x in (rendered / "package" / "tmpfiles.conf").read_text().splitlines() if not x.startswith("#")]
     assert lines == ["d /run/hpcobs/dcgm-job-mapping 0755 root root -"]
+
+
+@pytest.mark.parametrize("value,refused", [("/run/nvidia-dcgm/nv-hostengine.sock", True),
+                                           ("unix:///run/nvidia-dcgm/nv-hostengine.sock", True),
+                                           ("localhost:5555", False), ("", False)])
+def test_preflight_refuses_a_unix_socket_for_the_host_engine(tmp_path, value, refused):
+    """dcgm-exporter hands the value to DCGM as a TCP address: the role refuses a socket before anything changes."""
+    tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Refuse a Unix socket for the host engine"]
+    playbook = tmp_path / "check.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "connection": "local", "gather_facts": False,
+                                         "vars": {"dcgm_exporter_remote_hostengine": value,
+                                                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+                                         "tasks": [task]}]))
+    result = subprocess.run([ansible_playbook(), "-i", "localhost,", str(playbook)], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg")), cwd=REPO)
+    output = " ".join(result.stdout.split())
+    assert (result.returncode != 0) == refused, output[-2000:]
+    if refused:
+        assert "connects to nv-hostengine over TCP only" in output and "Nothing was changed." in output
+
+
+@pytest.mark.parametrize("value", ["/run/nvidia-dcgm/nv-hostengine.sock", "unix:///tmp/nv-hostengine"])
+def test_the_simulator_refuses_a_unix_socket_as_dcgm_exporter_fails_on_it(tmp_path, value):
+    env = dict(os.environ, HPCOBS_GPUSIM_CONFIG="none")
+    result = subprocess.run([sys.executable, str(SIM), "-r", value, "--sim-state-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 1 and "Failed to connect to remote hostengine" in result.stderr, result.stderr
+    by_env = subprocess.run([sys.executable, str(SIM), "--sim-state-dir", str(tmp_path)], capture_output=True,
+                            text=True, timeout=30, env=dict(env, DCGM_REMOTE_HOSTENGINE_INFO=value))
+    assert by_env.returncode == 1 and "over TCP only" in by_env.stderr

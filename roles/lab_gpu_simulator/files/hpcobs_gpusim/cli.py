@@ -439,9 +439,25 @@ def fault_main(argv):
     return 0
 
 
+def remote_hostengine_problem(value):
+    """What dcgm-exporter (up to 4.5.3-4.8.2 and its main branch) does with --remote-hostengine-info / -r /
+    DCGM_REMOTE_HOSTENGINE_INFO: it passes the value to go-dcgm's Init(Standalone, value, "0"), i.e. DCGM's
+    dcgmConnect_v2 with addressIsUnixSocket 0, which connects to "tcp://<value>". A Unix socket path or a unix://
+    URL is therefore no host and the exporter exits; the simulator refuses it the same way."""
+    if value and (value.startswith("/") or value.lower().startswith(("unix:", "vsock:"))):
+        return ("Failed to connect to remote hostengine: address %r (dcgm-exporter connects to the host engine "
+                "over TCP only: host:port)" % value)
+    return ""
+
+
 def serve_main(argv):
     parser = build_serve_parser()
     opts = parser.parse_args(normalize_go_flags(argv, parser))
+    problem = remote_hostengine_problem(
+        getattr(opts, "ignored_remote_hostengine_info", None) or os.environ.get("DCGM_REMOTE_HOSTENGINE_INFO", ""))
+    if problem:
+        log("ERROR", problem)
+        return 1
     try:
         settings = resolve_settings(opts)
     except ConfigError as exc:
