@@ -69,7 +69,7 @@ def test_simulator_config_from_role_variables(host):
     assert config["gpus"] == len(exp["gpus"])
     assert config["model"] == exp["model"]
     assert config["driver_version"] == exp["driver"]
-    assert config["journal"] == "logger"
+    assert config["journal"] == "journal-remote"
     assert config["state_dir"] == "/var/lib/hpcobs-gpusim"
     assert {int(k): v for k, v in config["mig"].items()} == {g: len(i) for g, i in exp["mig"].items()}
 
