@@ -75,9 +75,10 @@ class E2E:
                     pairs.append((note, alert))
         return pairs
 
-    def submit(self, user, account, node, gpus, name):
-        jobid = sh(CTL, "runuser -u %s -- sbatch --parsable -w %s --gres=gpu:%d -A %s -J %s -o /dev/null "
-                        "--wrap 'sleep 1200'" % (user, node, gpus, account, name)).strip().split(";")[0]
+    def submit(self, user, account, node, gpus, name, mail=""):
+        jobid = sh(CTL, "runuser -u %s -- sbatch --parsable -w %s --gres=gpu:%d -A %s -J %s -o /dev/null %s"
+                        "--wrap 'sleep 1200'" % (user, node, gpus, account, name,
+                                                 "--mail-type=%s " % mail if mail else "")).strip().split(";")[0]
         assert jobid.isdigit(), jobid
         wait_for("job %s running" % jobid,
                  lambda: sh(CTL, "squeue -h -j %s -o %%T" % jobid).strip() == "RUNNING", 90)
@@ -117,7 +118,8 @@ def test_every_gpu_of_the_lab_is_scraped(e2e):
 
 def test_job_attribution_reaches_victoriametrics(e2e):
     t0 = time.time()
-    job = e2e.submit("alice", "physics", GPU1, 2, "e2e-ecc")
+    # alice asks for Slurm's mail at the job's end: the lab's MailProg is hpcobs-slurm-mail (job-end summary)
+    job = e2e.submit("alice", "physics", GPU1, 2, "e2e-ecc", mail="END")
     assert len(job["gpus"]) == 2
     expr = 'DCGM_FI_DEV_POWER_USAGE{hpc_job="%s"}' % job["id"]
     result = wait_for("power series of job %s" % job["id"], lambda: e2e.query(expr), 60)
@@ -241,6 +243,25 @@ def test_jobstats_and_report_give_the_numbers_of_the_raw_series(e2e):
     assert stats["verdict"]
     text = sh(CTL, "runuser -u alice -- hpcobs-jobstats %s" % job["id"])
     assert text.startswith("Job %s  user alice  account physics" % job["id"]) and "Verdict: " in text
+
+    # the mail Slurm sent alice when the job ended (MailProg hpcobs-slurm-mail -> the lab's mailer) carries the same
+    # summary, made 10 s (slurm_metrics_job_summary_delay) after the end: job, GPU-hours and energy of the JSON above
+    spool = "/var/spool/hpcobs-lab-mail"
+    name = wait_for("the end mail of job %s" % job["id"], lambda: sh(
+        CTL, "cd %s && ls -1 -- *.%s.mail 2>/dev/null || true" % (spool, job["id"])).split(), 90)
+    assert len(name) == 1, name
+    mail = sh(CTL, "cat %s/%s" % (spool, name[0]))
+    head, _, body = mail.partition("\n\n")
+    assert head.splitlines()[0] == "To: alice"
+    assert re.match(r"Subject: Slurm Job_id=%s Name=e2e-ecc Ended" % job["id"], head.splitlines()[1]), head
+    assert body.startswith("GPU summary (hpcobs-jobstats %s):\n\nJob %s  user alice  account physics" % (
+        job["id"], job["id"])), body
+    assert "(ended, " in body and "still running" not in body, body
+    totals = re.search(r"GPUs:  2   GPU-hours: ([0-9.]+)   energy: ([0-9.]+) kWh", body)
+    assert totals, body
+    assert float(totals.group(1)) == pytest.approx(stats["gpu_hours"], abs=0.006)
+    assert float(totals.group(2)) == pytest.approx(stats["energy_kwh"], abs=0.0006)
+    assert "HpcobsGpuEccUncorrectable" in body and "\nVerdict: " in body
 
     # the report of a period covering the job (and the other accounts' jobs so far: none)
     period_start, period_end = int(start) - 60, int(time.time()) - 5

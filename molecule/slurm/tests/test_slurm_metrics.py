@@ -195,3 +195,25 @@ def test_jobstats_and_report_are_installed_and_configured(cluster):
     result = ctl.run("runuser -u alice -- hpcobs-jobstats 1")
     assert result.rc == 1 and "VictoriaMetrics at http://127.0.0.1:8428" in result.stderr, result.stderr
     assert ctl.run("runuser -u alice -- hpcobs-report --help").rc == 0
+
+
+def test_slurmctld_runs_the_job_end_summary_as_its_mailprog(cluster):
+    """slurm_metrics_job_summary: slurmctld (22.05 and 24.11) runs hpcobs-slurm-mail for a job's END mail, with the
+    job in its environment; the wrapper asks hpcobs-jobstats (no VictoriaMetrics here: it says why in one line) and
+    hands the mail to the lab's mailer, which keeps it in its spool."""
+    ctl = cluster["ctl"]
+    assert re.search(r"(?m)^MailProg=/usr/local/bin/hpcobs-slurm-mail$", ctl.file("/etc/slurm/slurm.conf").content_string)
+    assert re.search(r"(?m)^MailProg\s+= /usr/local/bin/hpcobs-slurm-mail$", ctl.check_output("scontrol show config"))
+    assert "mailer = /usr/local/bin/hpcobs-lab-mail" in ctl.file("/etc/hpcobs/jobstats.conf").content_string
+    job = ctl.check_output("runuser -u bob -- sbatch --parsable --job-name=hpcobs-mail --account=chemistry "
+                           "--mail-type=END -o /dev/null --wrap 'sleep 1'").strip().split(";")[0]
+    assert job.isdigit(), job
+    spool = "/var/spool/hpcobs-lab-mail"
+    names = wait_for("the END mail of job %s" % job, lambda: ctl.check_output(
+        "cd %s && ls -1 -- *.%s.mail 2>/dev/null || true" % (spool, job)).split(), TIMEOUT, interval=1)
+    mail = ctl.check_output("cat %s/%s" % (spool, names[0]))
+    head, _, body = mail.partition("\n\n")
+    assert head.splitlines()[0] == "To: bob", head
+    assert re.match(r"Subject: Slurm Job_id=%s Name=hpcobs-mail Ended" % job, head.splitlines()[1]), head
+    assert body.startswith("No GPU summary: hpcobs-jobstats failed (hpcobs-jobstats: VictoriaMetrics at "
+                           "http://127.0.0.1:8428"), body
