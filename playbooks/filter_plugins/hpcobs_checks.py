@@ -273,8 +273,9 @@ def _text_problem(what, text):
         return []
     code = ord(text[found[0]])
     more = " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""
-    return ["%s has a control character, %s (U+%04X), at position %d%s: %s"
-            % (what, CHARACTER_NAMES.get(code, "control"), code, found[0] + 1, more, json.dumps(text))]
+    # the value itself is not shown: it may be a password
+    return ["%s has a control character, %s (U+%04X), at position %d%s"
+            % (what, CHARACTER_NAMES.get(code, "control"), code, found[0] + 1, more)]
 
 
 def _walk(value, path, problems):
