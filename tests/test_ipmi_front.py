@@ -16,7 +16,7 @@ BACKEND = "127.0.0.1:9291"
 
 
 def test_good_allow_list():
-    assert ipmi.target_problems({"idrac": ["bmc-gpu01.mgmt", "10.1.2.3", "[fd00::7]:623", "bmc7:1623"],
+    assert ipmi.target_problems({"idrac": ["bmc-gpu01.mgmt", "10.1.2.3", "[fd00::7]:623", "bmc7:1623", "hw_bmc-1"],
                                  "ilo": []}, MODULES, BACKEND) == []
     assert ipmi.target_problems({}, {}, "") == []  # no remote mode: no front, any backend address
 

@@ -21,8 +21,9 @@ except ImportError:  # pragma: no cover - the unit tests import this file withou
     class AnsibleFilterError(Exception):
         pass
 
-# a host name, an IPv4 address or a bracketed IPv6 address, with an optional port (FreeIPMI's -h takes these)
-TARGET = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?$")
+# a host name ("_" too: container and some site names have it), an IPv4 address or a bracketed IPv6 address, with
+# an optional port
+TARGET = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)(:[0-9]{1,5})?$")
 LOOPBACK = re.compile(r"^(127\.[0-9.]+|\[::1\]|localhost):[0-9]{1,5}$")
 
 
