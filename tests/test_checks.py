@@ -238,4 +238,90 @@ def test_the_roles_own_csv_is_valid():
 
 def test_the_filters_are_registered():
     assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_loki_client_problems",
-                                                    "hpcobs_log_label_problems", "hpcobs_dcgm_counters"}
+                                                    "hpcobs_log_label_problems", "hpcobs_dcgm_counters",
+                                                        "hpcobs_roles_text_names", "hpcobs_control_char_problems"}
+
+
+# Control characters in free-text settings (hpcobs_control_char_problems, hpcobs_roles_text_names)
+
+def test_control_character_in_extra_args_names_variable_entry_and_position():
+    found = checks.control_char_problems({"node_exporter_extra_args": ["--log.level=info", "--collector.x\nUser=root"]})
+    assert found[0] == "node_exporter_extra_args[1] has a control character, line feed (U+000A), at position 14"
+    assert "refused in every setting" in found[-1] and len(found) == 2
+
+
+@pytest.mark.parametrize("char,name", [("\x00", "NUL"), ("\t", "tab"), ("\r", "carriage return"), ("\x1b", "escape"),
+                                       ("\x7f", "delete"), ("\x01", "control"), ("\x1f", "control")])
+def test_every_control_character_is_refused(char, name):
+    found = checks.control_char_problems({"grafana_root_url": "https://g" + char + "x"})
+    assert found[0].startswith("grafana_root_url has a control character, %s (U+%04X), at position 10"
+                               % (name, ord(char)))
+
+
+def test_grafana_ini_keys_and_values_are_checked():
+    found = checks.control_char_problems({"grafana_ini": {"server": {"domain": "a\nadmin_password = x"},
+                                                          "auth\n[x]": {"ok": "fine"}}})
+    assert found[0] == 'grafana_ini["server"]["domain"] has a control character, line feed (U+000A), at position 2'
+    assert found[1] == "a key of grafana_ini has a control character, line feed (U+000A), at position 5"
+    assert len(found) == 3
+
+
+def test_the_value_is_never_shown():
+    found = checks.control_char_problems({"ipmi_exporter_remote_modules": {"m": {"pass": "pw-secret\x01x"}}})
+    assert found[0] == ('ipmi_exporter_remote_modules["m"]["pass"] has a control character, control (U+0001), '
+                        'at position 10')
+    assert not any("pw-secret" in p for p in found)
+
+
+def test_more_than_one_control_character_is_counted():
+    found = checks.control_char_problems({"x_user": "a\nb\rc"})
+    assert "at position 2 (and 1 more)" in found[0]
+
+
+def test_clean_values_unset_and_non_text_pass():
+    assert checks.control_char_problems({
+        "node_exporter_extra_args": ["--collector.textfile", "--web.max-requests=40"],
+        "grafana_ini": {"server": {"http_port": 3000, "enable_gzip": True, "domain": "grafana.site.example"}},
+        "unset": checks.UNSET, "none": None, "number": 7,
+        "unicode": "Müller · ドメイン", "space": "a b", "tilde": "~"}) == []
+
+
+def test_text_names_cover_every_free_text_option_and_only_those():
+    spec = """
+argument_specs:
+  main:
+    options:
+      x_extra_args: {type: list, elements: str}
+      x_url: {type: str}
+      x_dir: {type: path}
+      x_labels: {type: dict}
+      x_untyped: {description: str is the default type}
+      x_native: {type: raw}
+      x_port: {type: int}
+      x_ratio: {type: float}
+      x_enabled: {type: bool}
+      alertmanager_receivers: {type: list, elements: dict}
+"""
+    names = checks.text_names([("x", spec), ("service", "argument_specs: {main: {options: {service_exec: {}}}}")])
+    assert set(names) == {"x_extra_args", "x_url", "x_dir", "x_labels", "x_untyped", "x_native"} | set(
+        checks.GLOBAL_TEXT)
+    assert checks.text_names([("x", spec), ("y", spec.replace("x_", "y_"))], role="y") == sorted(
+        ["y_extra_args", "y_url", "y_dir", "y_labels", "y_untyped", "y_native"])
+
+
+def test_text_names_of_the_real_roles():
+    names = checks.roles_text_names(os.path.join(ROOT, "roles"))
+    extra_args = [n for n in names if n.endswith("_extra_args")]
+    assert len(extra_args) >= 7 and "grafana_ini" in names and "ipmi_exporter_remote_modules" in names
+    assert "node_exporter_ready_timeout" not in names and "service_exec" not in names
+    assert not set(checks.CONTROL_EXEMPT) & set(names)
+    assert checks.roles_text_names(os.path.join(ROOT, "roles"), "node_exporter") == sorted(
+        n for n in names if n.startswith("node_exporter_"))
+
+
+def test_every_exempt_option_is_a_real_option_with_a_reason():
+    for option, reason in checks.CONTROL_EXEMPT.items():
+        role = "victoriametrics" if option.startswith("victoriametrics") else option.split("_")[0]
+        with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+            assert "\n      %s:\n" % option in handle.read(), option
+        assert reason

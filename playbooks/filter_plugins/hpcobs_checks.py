@@ -11,12 +11,25 @@ tests/test_checks.py).
   record per row, `FIELD, TYPE, HELP`, the field a DCGM_FI_* or DCGM_EXP_* name, the type one of gauge, counter,
   histogram, summary, label. The project adds its own rules: no comma in the help text (the role's CSV is read as
   plain comma-separated text, quoting is not used), every field once, the readiness metric exported.
+- `hpcobs_roles_text_names`, `hpcobs_control_char_problems`: no control character (U+0000-U+001F, U+007F) in any
+  free-text setting. A line feed in a `*_extra_args` word ends the unit's ExecStart= line and starts a directive of
+  the site's choosing (`User=root`); in a grafana_ini key or value it starts a setting; in a flag it splits it. Every
+  option of every role's meta/argument_specs.yml that is not a number or a boolean is checked (strings, paths, and
+  every key and value inside lists and mappings), so a new variable is covered without being listed; only the
+  options of CONTROL_EXEMPT are not (text that may span lines by design, written only through a YAML serializer,
+  which quotes it). playbooks/preflight.yml runs it for every host of a site before any role; roles/service
+  preflight_os for a role applied on its own.
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
+from collections.abc import Mapping
+
+import yaml
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -192,6 +205,107 @@ def dcgm_counters(text, extra_fields=(), ready_metric="", source="the counters C
     return {"rows": rows, "fields": [row[0] for row in rows], "metric_fields": metric_fields, "problems": problems}
 
 
+UNSET = "__hpcobs_unset__"  # what a vars lookup gives for a setting nobody set (as in hpcobs_inputs.py)
+NOT_TEXT = ("int", "float", "bool")
+# Options whose values may span lines by design; each is written only with to_nice_yaml, which quotes a line break.
+CONTROL_EXEMPT = {
+    "alertmanager_receivers": "notification templates (text, title, message) are multi-line Go templates",
+    "loki_rule_groups": "multi-line LogQL expressions and annotations",
+    "vmalert_site_rule_groups": "multi-line MetricsQL expressions and annotations",
+    "grafana_datasources_extra": "PEM certificates in secureJsonData (tlsCACert, tlsClientCert)",
+    "promtail_extra_scrape_configs": "pipeline stages (template, regex) may span lines",
+    "promtail_config_overrides": "any Promtail setting, including multi-line pipeline stages",
+    "loki_config_overrides": "any Loki setting",
+    "victoriametrics_scrape_jobs": "inline PEM of a scrape job's tls_config (ca, cert, key)",
+    "victoriametrics_scrape_jobs_overrides": "inline PEM of a scrape job's tls_config (ca, cert, key)",
+}
+# Settings outside the roles' argument specs that reach flags and configuration files.
+GLOBAL_TEXT = ("hpcobs_address", "hpcobs_loki_urls", "hpcobs_alertmanager_urls", "hpcobs_loki_tenant_id",
+               "hpcobs_log_external_labels", "hpcobs_log_journal_labels", "hpcobs_log_shipper",
+               "hpcobs_components_disabled")
+# Roles whose options are set by other roles, not by a site.
+INTERNAL_ROLES = ("service", "artifact")
+CHARACTER_NAMES = {0: "NUL", 9: "tab", 10: "line feed", 13: "carriage return", 27: "escape", 127: "delete"}
+
+
+def text_names(spec_texts, role=None):
+    """Names of the free-text options (not int, float or bool; not exempt) of the roles' argument specs
+    ([(role, text)] pairs), of `role` only when given, else of every site-facing role plus GLOBAL_TEXT."""
+    names = set() if role else set(GLOBAL_TEXT)
+    for name, text in spec_texts:
+        if (role and name != role) or (not role and name in INTERNAL_ROLES):
+            continue
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise AnsibleFilterError("roles/%s/meta/argument_specs.yml is not YAML: %s" % (name, exc))
+        for entry in (data.get("argument_specs") or {}).values():
+            for option, spec in ((entry or {}).get("options") or {}).items():
+                if (spec or {}).get("type", "str") not in NOT_TEXT and str(option) not in CONTROL_EXEMPT:
+                    names.add(str(option))
+    return sorted(names)
+
+
+def roles_text_names(roles_dir, role=None):
+    """text_names of roles/*/meta/argument_specs.yml under roles_dir (of `role` only when given)."""
+    pattern = os.path.join(str(roles_dir), role or "*", "meta", "argument_specs.yml")
+    pairs = []
+    for path in sorted(glob.glob(pattern)):
+        with open(path, encoding="utf-8") as handle:
+            pairs.append((path.split(os.sep)[-3], handle.read()))
+    if not pairs:
+        raise AnsibleFilterError("no argument specs matching %s" % pattern)
+    return text_names(pairs, role)
+
+
+def _control(text):
+    return [i for i, char in enumerate(text) if ord(char) < 0x20 or ord(char) == 0x7f]
+
+
+def _where(path):
+    return path[0] + "".join("[%d]" % p if isinstance(p, int) else "[%s]" % json.dumps(p, default=str)
+                             for p in path[1:])
+
+
+def _text_problem(what, text):
+    found = _control(text)
+    if not found:
+        return []
+    code = ord(text[found[0]])
+    more = " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""
+    # the value itself is not shown: it may be a password
+    return ["%s has a control character, %s (U+%04X), at position %d%s"
+            % (what, CHARACTER_NAMES.get(code, "control"), code, found[0] + 1, more)]
+
+
+def _walk(value, path, problems):
+    if isinstance(value, str):
+        problems += _text_problem(_where(path), value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str):
+                problems += _text_problem("a key of %s" % _where(path), key)
+            _walk(item, path + [key], problems)
+    elif isinstance(value, (list, tuple)):
+        for number, item in enumerate(value):
+            _walk(item, path + [number], problems)
+
+
+def control_char_problems(values):
+    """Messages naming each setting (and the entry inside it) that holds a control character, with its position
+    counted from 1. values: {variable: value}; None and UNSET (nobody set it) are skipped."""
+    problems = []
+    for name in sorted(values):
+        value = values[name]
+        if value is None or value == UNSET:
+            continue
+        _walk(value, [name], problems)
+    if problems:
+        problems.append("Control characters end a line of a systemd unit or an ini file and split a command-line "
+                        "flag, so they are refused in every setting that reaches one; remove them")
+    return problems
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -199,4 +313,6 @@ class FilterModule:
             "hpcobs_loki_client_problems": loki_client_problems,
             "hpcobs_log_label_problems": log_label_problems,
             "hpcobs_dcgm_counters": dcgm_counters,
+            "hpcobs_roles_text_names": roles_text_names,
+            "hpcobs_control_char_problems": control_char_problems,
         }

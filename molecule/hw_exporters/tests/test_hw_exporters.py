@@ -53,14 +53,15 @@ def remote(host, module, target=BMC):
 
 # --- both exporters: services, users, privileges ---------------------------------------------------------------
 
-@pytest.mark.parametrize("unit", ["ipmi_exporter.service", "ipmi_exporter-local.socket",
+@pytest.mark.parametrize("unit", ["ipmi_exporter.service", "ipmi_exporter-local.socket", "ipmi_exporter-front.service",
                                   "smartctl_exporter.service", "smartctl_exporter-smartctl.socket"])
 def test_units_enabled_and_active(host, unit):
     assert host.check_output("systemctl is-enabled %s" % unit).strip() == "enabled"
     assert host.check_output("systemctl is-active %s" % unit).strip() == "active"
 
 
-@pytest.mark.parametrize("unit,user", [("ipmi_exporter", "ipmi_exporter"), ("smartctl_exporter", "smartctl_exporter")])
+@pytest.mark.parametrize("unit,user", [("ipmi_exporter", "ipmi_exporter"), ("ipmi_exporter-front", "ipmi_exporter"),
+                                       ("smartctl_exporter", "smartctl_exporter")])
 def test_exporter_runs_unprivileged(host, unit, user):
     pid = main_pid(host, unit)
     assert host.check_output("ps -o user= -p %s" % pid).strip() == user
@@ -171,7 +172,7 @@ def test_remote_bmc_is_read(host):
 
 
 def test_wrong_password_fails_alone(host):
-    status, body = remote(host, "wrongpass")
+    status, body = remote(host, "wrongpass", target=BMC + "-wrongpass")
     assert status == 200
     assert value(body, 'ipmi_up{collector="ipmi"}') == 0
     assert value(body, 'ipmi_up{collector="bmc"}') == 0
@@ -192,8 +193,77 @@ def test_unreachable_bmc_fails_alone(host):
 
 
 def test_unknown_module_is_rejected(host):
-    status, _ = remote(host, "no-such-module")
+    # by the exporter itself (behind the front, on loopback)
+    status, _ = get(host, "http://127.0.0.1:9291/ipmi?target=%s&module=no-such-module" % BMC)
     assert status == 400
+
+
+def test_front_gives_each_bmc_its_own_module(host):
+    # the inventory pairs the BMC's second name with the wrong password: asking for another module changes nothing
+    status, body = remote(host, "bmcsim", target=BMC + "-wrongpass")
+    assert status == 200 and value(body, 'ipmi_up{collector="ipmi"}') == 0
+    status, body = remote(host, "wrongpass", target=BMC)
+    assert status == 200 and value(body, 'ipmi_up{collector="ipmi"}') == 1
+
+
+def test_exporter_listens_on_loopback_only_behind_the_front(host):
+    listening = host.check_output("ss -Hltn")
+    assert re.search(r"\s127\.0\.0\.1:9291\s", listening) and not re.search(r"(\*|0\.0\.0\.0|\[::\]):9291\s", listening)
+    assert re.search(r"\s127\.0\.0\.1:9292\s", listening)  # the front's own /health, /metrics, /-/reload
+    other = "hw_exporters-debian13" if "debian12" in host.backend.name else "hw_exporters-debian12"
+    probe = ("import socket,sys\ns=socket.socket();s.settimeout(5)\n"
+             "print(s.connect_ex((sys.argv[1], int(sys.argv[2]))))")
+    assert host.check_output("python3 -c %s %s 9291" % (quote(probe), other)) != "0"  # refused from another host
+    assert host.check_output("python3 -c %s %s 9290" % (quote(probe), other)) == "0"  # the front answers
+
+
+# The exporter would send the module's credentials to any target: only the inventory's BMCs get through the front.
+# A UDP socket on 127.0.0.2:623 (the RMCP port) stands for an attacker's host and counts what reaches it.
+NOT_LISTED = "127.0.0.2"
+CATCHER = """
+import json, socket, sys, time, urllib.error, urllib.request
+catch = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+catch.bind(("127.0.0.2", 623))
+catch.setblocking(False)
+
+def ask(url, timeout):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return "timeout"
+
+def caught(wait):
+    count, end = 0, time.time() + wait
+    while time.time() < end:
+        try:
+            catch.recv(4096)
+            count += 1
+        except BlockingIOError:
+            time.sleep(0.1)
+    return count
+
+result = {}
+for name, query in (("plain", "target=127.0.0.2&module=bmcsim"), ("other_module", "target=127.0.0.2&module=wrongpass"),
+                    ("no_module", "target=127.0.0.2"), ("first_of_two", "target=127.0.0.2&target=%(bmc)s&module=bmcsim")):
+    result["front_" + name] = ask("http://127.0.0.1:9290/ipmi?" + query % {"bmc": sys.argv[1]}, 60)
+result["front_packets"] = caught(4)
+# control: the exporter itself, asked directly, does send to it (so the catcher would have seen the front's)
+result["direct"] = ask("http://127.0.0.1:9291/ipmi?target=127.0.0.2&module=bmcsim", 4)
+result["direct_packets"] = caught(4)
+print(json.dumps(result))
+"""
+
+
+def test_front_refuses_a_bmc_outside_the_allow_list_and_nothing_is_sent_to_it(host):
+    result = json.loads(host.check_output("python3 -c %s %s" % (quote(CATCHER), BMC)))
+    assert result["front_plain"] == 400 and result["front_other_module"] == 400 and result["front_no_module"] == 400
+    # a second, allowed target does not smuggle the first one through: the allowed BMC alone is asked
+    assert result["front_first_of_two"] == 200
+    assert result["front_packets"] == 0, result
+    assert result["direct_packets"] > 0, result
 
 
 def test_password_never_on_a_command_line_or_in_the_unit(host):

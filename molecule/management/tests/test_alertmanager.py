@@ -12,6 +12,9 @@ SECRETS = {
     "oncall_webhook": "http://management-webhook:8080/oncall?token=e2e-oncall-token-7f3a",
     "smtp_password": "e2e-smtp-password-91c2",
     "slack_webhook": "http://management-webhook:8080/slack/T000/B000/e2e-slack-token-5d4e",
+    "ops_webhook": "http://management-webhook:8080/ops",
+    "physics_webhook": "http://management-webhook:8080/physics-team",
+    "teams_webhook": "http://management-webhook:8080/teams",
 }
 
 

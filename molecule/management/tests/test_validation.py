@@ -98,7 +98,7 @@ def test_inline_secret_is_refused_without_being_shown():
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert failed_task(output) == "Refuse secrets written inline", output[-3000:]
-    assert "api_url (slack_configs)" in output
+    assert "slack_configs[0]: api_url is a secret written inline" in output and "api_url_file" in output
     assert secret not in output and "inline-e2e-secret" not in output
     assert checksums(["/etc/alertmanager/alertmanager.yml"]) == before
 

@@ -53,7 +53,8 @@ def test_health(host):
 
 def test_scrape_config_has_one_file_sd_per_enabled_job(host):
     config = host.file("/etc/victoriametrics/scrape.yml")
-    assert config.user == "root" and config.mode == 0o644
+    # a scrape job's password may be in it: root and the service only
+    assert (config.user, config.group, config.mode) == ("root", "victoriametrics", 0o640)
     jobs = {"alertmanager", "dcgm", "ipmi", "node", "smartctl", "victoriametrics", "vmalert"}
     content = config.content_string
     for job in jobs:

@@ -1,5 +1,9 @@
 """Verify node_exporter as converged by the role, on every test host."""
+import hashlib
+import json
+import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -7,6 +11,9 @@ import pytest
 from hostchecks import assert_runs_as_its_own_user, unit_property
 
 METRICS = "http://127.0.0.1:9100/metrics"
+SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
+UNIT = "/etc/systemd/system/node_exporter.service"
 
 
 def scrape(host):
@@ -76,3 +83,47 @@ def test_new_textfile_metric_is_exported(host):
 
 def test_no_textfile_errors(host):
     assert re.search(r"^node_textfile_scrape_error 0$", scrape(host), re.M)
+
+
+def playbook(host, play, extra):
+    """Run a playbook of the project against this test host only, with extra vars; (rc, output)."""
+    inventory = os.environ.get("MOLECULE_INVENTORY_FILE")
+    assert inventory and os.path.exists(inventory), "run through molecule verify (MOLECULE_INVENTORY_FILE)"
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=os.path.join(PROJECT, "roles"),
+               ANSIBLE_FILTER_PLUGINS=os.path.join(PROJECT, "playbooks", "filter_plugins"))
+    env.setdefault("ANSIBLE_CONFIG", os.path.join(PROJECT, "ansible.cfg"))
+    result = subprocess.run(["ansible-playbook", "-i", inventory, play, "--limit", host.backend.name,
+                             "-e", json.dumps(extra)], capture_output=True, text=True, timeout=600, check=False,
+                            env=env, cwd=PROJECT)
+    return result.returncode, result.stdout + result.stderr
+
+
+def unit_state(host):
+    """sha256 and mtime of the unit file, and the unit systemd has loaded."""
+    return (hashlib.sha256(host.file(UNIT).content).hexdigest(), host.file(UNIT).mtime,
+            host.check_output("systemctl cat node_exporter.service"))
+
+
+def test_control_character_in_extra_args_is_refused_before_anything_changes(host):
+    """A line feed in an extra argument would end ExecStart= and add `User=root` to the unit: the role's run (not
+    check mode) fails in its first task, naming the setting and the position, and the unit stays byte-identical."""
+    before = unit_state(host)
+    rc, output = playbook(host, os.path.join(SCENARIO, "converge.yml"),
+                          {"node_exporter_extra_args": ["--collector.x\nUser=root"]})
+    assert rc != 0, output[-3000:]
+    assert "node_exporter_extra_args[0] has a control character, line feed (U+000A), at position 14" in output
+    assert "Nothing was changed" in output
+    assert re.search(r"changed=0 .*failed=1", output), output[-2000:]
+    assert unit_state(host) == before
+    assert "User=root" not in host.file(UNIT).content_string
+
+
+def test_site_preflight_refuses_a_control_character_in_grafana_ini(host):
+    """playbooks/preflight.yml checks every free-text setting of every role on every host before any role runs."""
+    rc, output = playbook(host, os.path.join(PROJECT, "playbooks", "preflight.yml"),
+                          {"grafana_ini": {"server": {"domain": "grafana.example\nadmin_password = x"}}})
+    assert rc != 0, output[-3000:]
+    # the callback shows the message as JSON: its quotes may be escaped
+    assert re.search(r'grafana_ini\[\\?"server\\?"\]\[\\?"domain\\?"\] has a control character, line feed '
+                     r'\(U\+000A\), at position 16', output), output[-3000:]
+    assert "Verify the bundle" not in output  # stopped in the first play, before the bundle or any host is touched
