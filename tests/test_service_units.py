@@ -39,11 +39,23 @@ def test_the_converted_roles_are_found():
     assert set(CONVERTED) <= set(BEFORE), "record the score of a newly converted role's old unit in BEFORE"
 
 
+# Roles whose unit changes with the site's security switch (hpcobs_security): rendered both ways.
+SECURED = ["victoriametrics", "vmalert"]
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("units")
+    return render(tmp_path_factory.mktemp("units"), CONVERTED, {})
+
+
+@pytest.fixture(scope="module")
+def rendered_secured(tmp_path_factory):
+    return render(tmp_path_factory.mktemp("units-secured"), SECURED, {"hpcobs_security": True})
+
+
+def render(out, roles, extra):
     plays = []
-    for role in CONVERTED:
+    for role in roles:
         [(_, unit_vars)] = unit_calls(role)
         # Later files win, as in a real run: the shared defaults, the role's defaults and vars, then what its task
         # gives the template. Read by Ansible itself (role files may hold !unsafe values).
@@ -55,8 +67,8 @@ def rendered(tmp_path_factory):
         plays.append({
             "name": "Render the unit of %s" % role, "hosts": "localhost", "connection": "local",
             "gather_facts": False, "vars_files": [str(path) for path in files if path.exists()],
-            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                     "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}},
+            "vars": dict({"ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                          "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}}, **extra),
             "tasks": [{"name": "Render", "ansible.builtin.copy": {
                 "dest": str(out / ("%s.service" % role)), "mode": "0644",
                 "content": "{{ lookup('ansible.builtin.template', '%s') }}" % (SERVICE / "templates" /
@@ -86,6 +98,19 @@ def test_systemd_accepts_the_unit(rendered, role, tmp_path):
 
 @pytest.mark.parametrize("role", CONVERTED)
 def test_exposure_is_no_worse_than_the_roles_own_unit_was(rendered, role):
+    assert_exposure(rendered, role)
+
+
+@pytest.mark.parametrize("role", SECURED)
+def test_the_secured_unit_is_no_worse_and_names_no_secret(rendered_secured, role, tmp_path):
+    text = (rendered_secured / ("%s.service" % role)).read_text()
+    assert "file:///etc/victoriametrics/tls/" in text or "/etc/vmalert/tls/victoriametrics-client" in text, text
+    assert "basicAuth.password=" not in text and "Environment" not in text
+    test_systemd_accepts_the_unit(rendered_secured, role, tmp_path)
+    assert_exposure(rendered_secured, role)
+
+
+def assert_exposure(rendered, role):
     proc = subprocess.run([shutil.which("systemd-analyze"), "security", "--offline=true", "--no-pager",
                            str(rendered / ("%s.service" % role))], capture_output=True, text=True, check=False)
     line = [x for x in proc.stdout.splitlines() if "Overall exposure level" in x]
