@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import pytest
 
-from mgmt import HELPER, MANAGEMENT, VM_AUTH, VM_TLS, E2E_DIR, get_json, http, query, write_file
+from mgmt import HELPER, MANAGEMENT, VM_AUTH, VM_TLS, E2E_DIR, get_json, host, http, query, run_role, write_file
 from polling import wait_for
 
 VMS = ["https://%s:8428" % name for name in MANAGEMENT]
@@ -141,3 +141,23 @@ def metric_sum(text, metric):
         if line.startswith(metric + " ") or line.startswith(metric + "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def test_a_certificate_due_is_renewed_and_served():
+    """The PKI role renews what is within pki_renew_days of its end (here: every 397-day certificate), the role
+    copies the new one and VictoriaMetrics serves it; clients trusting the site CA carry on."""
+    path = VM_TLS + "/server.crt"
+    before = {name: host(name).file(path).content_string for name in MANAGEMENT}
+    result = run_role("pki", {"pki_renew_days": 396})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "changed: [%s -> localhost]" % MANAGEMENT[0] in result.stdout, result.stdout[-3000:]
+    result = run_role("victoriametrics")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    served = ("import ssl,sys;sys.stdout.write(ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert("
+              "ssl.get_server_certificate(('127.0.0.1',8428)))))")
+    for name in MANAGEMENT:
+        new = host(name).file(path).content_string
+        assert new != before[name]
+        pem = host(name).check_output("python3 -c \"%s\"" % served)
+        assert pem.split() == new.split()
+        assert http(HELPER, "https://%s:8428/health" % name, ca=CA) == (200, "OK")
