@@ -144,8 +144,8 @@ def metric_sum(text, metric):
 
 
 def test_a_certificate_due_is_renewed_and_served():
-    """The PKI role renews what is within pki_renew_days of its end (here: every 397-day certificate, under 398), the role
-    copies the new one and VictoriaMetrics serves it; clients trusting the site CA carry on."""
+    """The PKI role renews what is within pki_renew_days of its end (here: every 397-day certificate, under 398),
+    the role copies the new one and VictoriaMetrics serves it; clients trusting the site CA carry on."""
     path = VM_TLS + "/server.crt"
     before = {name: host(name).file(path).content_string for name in MANAGEMENT}
     result = run_role("pki", {"pki_renew_days": 398, "pki_cert_days": 800})
