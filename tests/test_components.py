@@ -193,3 +193,46 @@ def test_the_preflight_problem_names_unknown_components_and_shippers():
     assert service.components_problem(["grafana"], "alloy") == ""
     assert "unknown component(s) nagios" in service.components_problem(["nagios"], "promtail")
     assert "hpcobs_log_shipper" in service.components_problem([], "fluentd")
+
+
+def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
+    """Grafana and the Slurm reports have no VictoriaMetrics credential in this release: with hpcobs_security on,
+    the preflight names them and says what to do, before anything changes."""
+    problem = service.components_problem([], "promtail", True)
+    assert "grafana and slurm_metrics cannot reach a secured VictoriaMetrics" in problem
+    assert "list grafana, slurm_metrics in hpcobs_components_disabled" in problem
+    assert "slurm_metrics" in service.components_problem(["grafana"], "promtail", "true")
+    assert service.components_problem(["grafana", "slurm_metrics"], "promtail", True) == ""
+    assert service.components_problem([], "promtail", False) == ""
+    assert service.components_problem([], "promtail", "False") == ""
+    assert "hpcobs_security must be true or false" in service.components_problem([], "promtail", "yes please")
+
+
+def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
+    assert service.shared_fact("security") is False  # off by default in this release
+    secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics"]
+    assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
+    assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
+    assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
+        "https://m1:8428", "http://m2:8428", "http://m3:8428"]
+    # components not secured yet stay http; an explicit scheme still wins
+    assert service.component_url("alertmanager", secured, "m1") == "http://m1:9093"
+    assert service.component_url("victoriametrics", secured, "m1", scheme="http") == "http://m1:8428"
+    with pytest.raises(service.AnsibleFilterError, match="true or false"):
+        service.component_scheme("victoriametrics", {"x": {"hpcobs_security": "maybe"}}, "x")
+
+
+def test_tls_key_of_the_map_is_checked():
+    data = {"format": 1, "components": {"a": {"port": 1, "listen": {"address": "v"}, "groups": ["g"], "tls": "yes"}}}
+    with pytest.raises(service.AnsibleFilterError, match="tls must be true or false"):
+        service.check_components(data)
+
+
+def test_pki_paths_stay_inside_the_pki_directory():
+    assert service.pki_path("", "/srv/pki") == "/srv/pki"
+    assert service.pki_path("credentials/x", "/srv/pki") == "/srv/pki/credentials/x"
+    assert service.pki_path("ca.crt").startswith(os.path.expanduser("~/"))
+    for bad in ("/etc/shadow", "../x", "credentials/../../x"):
+        with pytest.raises(service.AnsibleFilterError):
+            service.pki_path(bad, "/srv/pki")

@@ -45,11 +45,24 @@ def test_the_converted_roles_are_found():
     assert {unit for _, unit in UNITS} <= set(BEFORE), "give a new unit the score of the unit it serves in BEFORE"
 
 
+# Roles whose unit changes with the site's security switch (hpcobs_security): rendered both ways.
+SECURED = ["victoriametrics", "vmalert"]
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("units")
+    return render(tmp_path_factory.mktemp("units"), UNITS, {})
+
+
+@pytest.fixture(scope="module")
+def rendered_secured(tmp_path_factory):
+    return render(tmp_path_factory.mktemp("units-secured"), [(role, role) for role in SECURED], {"hpcobs_security": True})
+
+
+def render(out, units, extra):
+    """Render the (role, unit) pairs of `units` into `out`, with `extra` variables."""
     plays = []
-    for role, unit in UNITS:
+    for role, unit in units:
         [unit_vars] = [v for _, v in unit_calls(role)
                        if str(v.get("service_unit", role + ".service")).replace(".service", "") == unit]
         # Later files win, as in a real run: the shared defaults, the role's defaults and vars, then what its task
@@ -62,8 +75,8 @@ def rendered(tmp_path_factory):
         plays.append({
             "name": "Render the unit %s of %s" % (unit, role), "hosts": "localhost", "connection": "local",
             "gather_facts": False, "vars_files": [str(path) for path in files if path.exists()],
-            "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                     "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}},
+            "vars": dict({"ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                          "role_path": str(REPO / "roles" / role), "ansible_facts": {"os_family": "Debian"}}, **extra),
             "tasks": [{"name": "Render", "ansible.builtin.copy": {
                 "dest": str(out / ("%s.service" % unit)), "mode": "0644",
                 "content": "{{ lookup('ansible.builtin.template', '%s') }}" % (SERVICE / "templates" /
@@ -93,6 +106,19 @@ def test_systemd_accepts_the_unit(rendered, role, tmp_path):
 
 @pytest.mark.parametrize("role", [unit for _, unit in UNITS])
 def test_exposure_is_no_worse_than_the_roles_own_unit_was(rendered, role):
+    assert_exposure(rendered, role)
+
+
+@pytest.mark.parametrize("role", SECURED)
+def test_the_secured_unit_is_no_worse_and_names_no_secret(rendered_secured, role, tmp_path):
+    text = (rendered_secured / ("%s.service" % role)).read_text()
+    assert "file:///etc/victoriametrics/tls/" in text or "/etc/vmalert/tls/victoriametrics-client" in text, text
+    assert "basicAuth.password=" not in text and "Environment" not in text
+    test_systemd_accepts_the_unit(rendered_secured, role, tmp_path)
+    assert_exposure(rendered_secured, role)
+
+
+def assert_exposure(rendered, role):
     proc = subprocess.run([shutil.which("systemd-analyze"), "security", "--offline=true", "--no-pager",
                            str(rendered / ("%s.service" % role))], capture_output=True, text=True, check=False)
     line = [x for x in proc.stdout.splitlines() if "Overall exposure level" in x]

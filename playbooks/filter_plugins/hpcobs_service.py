@@ -94,7 +94,7 @@ def systemd_word(word):
 # --- The components map (files/components.yml) -------------------------------------------------------------------
 
 COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
-_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab"}
+_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls"}
 _LOG_SHIPPERS = ("promtail", "alloy")
 _loaded = {}  # path: (components, shared facts), read and checked once per file
 
@@ -149,6 +149,8 @@ def check_components(data, where="components map"):
                 problems.append("%s: listen must be {address: <var>} or {host: <var>, port: <var>}" % name)
         elif "listen" in entry or "scrape_job" in entry:
             problems.append("%s: listen and scrape_job need a port" % name)
+        if "tls" in entry and (not isinstance(entry["tls"], bool) or "port" not in entry):
+            problems.append("%s: tls must be true or false, on a component with a port" % name)
         groups = entry.get("groups")
         if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
             problems.append("%s: groups must be a non-empty list of group names" % name)
@@ -201,12 +203,26 @@ def deployed_components(disabled=None, log_shipper="promtail", components=None):
             and (name not in _LOG_SHIPPERS or name == log_shipper)]
 
 
-def components_problem(disabled=None, log_shipper="promtail"):
-    """'' when hpcobs_components_disabled and hpcobs_log_shipper name known components, else what is wrong."""
+# Components whose clients cannot yet present the site CA and a credential to a secured VictoriaMetrics
+# (hpcobs_security): Grafana's datasource and the Slurm reports (hpcobs-jobstats, hpcobs-report, the job-end summary).
+# README "Security model": they are secured in a later stage; until then the switch refuses them.
+_NOT_YET_SECURE_CLIENTS = ("grafana", "slurm_metrics")
+
+
+def components_problem(disabled=None, log_shipper="promtail", security=False):
+    """'' when hpcobs_components_disabled and hpcobs_log_shipper name known components (and, with the security
+    switch on, no deployed component would lose VictoriaMetrics), else what is wrong."""
     try:
-        deployed_components(disabled, log_shipper)
+        deployed = deployed_components(disabled, log_shipper)
     except AnsibleFilterError as exc:
         return str(exc)
+    if str(security).strip().lower() not in ("true", "false"):
+        return "hpcobs_security must be true or false, not %r" % (security,)
+    blocked = [name for name in _NOT_YET_SECURE_CLIENTS if name in deployed]
+    if str(security).strip().lower() == "true" and blocked:
+        return ("hpcobs_security is on, but %s cannot reach a secured VictoriaMetrics yet (this release gives them no "
+                "credential): list %s in hpcobs_components_disabled, or keep hpcobs_security off (README.md, "
+                "Security model)" % (" and ".join(blocked), ", ".join(blocked)))
     return ""
 
 
@@ -239,9 +255,29 @@ def _listen_of(name, hostvars, host, components):
     return str(hv.get(listen["host"]) or ""), port
 
 
-def component_url(name, hostvars, host, path="", scheme="http", components=None):
+def security_enabled(hv, path=COMPONENTS_FILE):
+    """The site's security switch as a host sees it: its hpcobs_security, else the map's shared `security`."""
+    value = hv.get("hpcobs_security") if "hpcobs_security" in hv else shared_fact("security", path)
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "false"):
+        return str(value).strip().lower() == "true"
+    raise AnsibleFilterError("hpcobs_security must be true or false, not %r" % (value,))
+
+
+def component_scheme(name, hostvars, host, components=None):
+    """https when the component serves TLS in this release (tls: true in the map) and the host's security switch
+    (hpcobs_security) is on, else http: the one place every client's scheme comes from."""
+    entry = _entry(name, components)
+    hv = hostvars[host] if host in hostvars else {}
+    return "https" if entry.get("tls") and security_enabled(hv) else "http"
+
+
+def component_url(name, hostvars, host, path="", scheme=None, components=None):
     """<scheme>://<address>:<port><path> at which the other hosts reach a component on `host`: the host's address
-    (component_address), or the one address the component is bound to when its listen setting names one."""
+    (component_address), or the one address the component is bound to when its listen setting names one. The
+    scheme is component_scheme's unless given."""
+    scheme = scheme or component_scheme(name, hostvars, host, components)
     bound, port = _listen_of(name, hostvars, host, components)
     address = bound if bound not in _ANY else host_address(host, hostvars)
     if ":" in address and not address.startswith("["):
@@ -249,15 +285,50 @@ def component_url(name, hostvars, host, path="", scheme="http", components=None)
     return "%s://%s:%d%s" % (scheme, address, port, path)
 
 
-def component_urls(hosts, name, hostvars, path="", scheme="http", components=None):
+def component_urls(hosts, name, hostvars, path="", scheme=None, components=None):
     """component_url of every host of a list."""
     return [component_url(name, hostvars, host, path, scheme, components) for host in hosts or []]
 
 
-def component_local_url(name, hostvars, host, path="", scheme="http", components=None):
+def component_local_url(name, hostvars, host, path="", scheme=None, components=None):
     """URL at which `host` itself reaches a component it runs (127.0.0.1 when it listens on every address)."""
+    scheme = scheme or component_scheme(name, hostvars, host, components)
     bound, port = _listen_of(name, hostvars, host, components)
     return probe_url(listen_join(bound, port) if bound else ":%d" % port, path, scheme == "https")
+
+
+def pki_path(relative="", pki_dir=""):
+    """A path in the controller's site PKI directory: pki_dir (the global hpcobs_pki_dir) when set, else the map's
+    shared `pki_dir`, with ~ expanded ("" gives the directory itself)."""
+    base = os.path.expanduser(str(pki_dir or shared_fact("pki_dir")))
+    relative = str(relative or "")
+    if relative.startswith("/") or ".." in relative.split("/"):
+        raise AnsibleFilterError("%r is not a path inside the PKI directory" % (relative,))
+    return os.path.join(base, relative) if relative else base
+
+
+def pki_sans(host, hostvars):
+    """Subject alternative names of a host's certificate: its inventory name, ansible_host, the address the
+    other hosts reach it at (host_address), then 127.0.0.1 and localhost (clients on the host itself), each once,
+    IPv6 addresses without brackets."""
+    hv = hostvars[host] if host in hostvars else {}
+    names = []
+    for value in (host, hv.get("ansible_host"), host_address(host, hostvars), "127.0.0.1", "localhost"):
+        value = str(value or "").strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        if not value:
+            continue
+        if not re.match(r"^[A-Za-z0-9_.:-]+$", value):
+            raise AnsibleFilterError("%s: %r cannot be a certificate name (letters, digits, . - _ : only)" % (host, value))
+        if value not in names:
+            names.append(value)
+    return names
+
+
+def pki_hosts_sans(hosts, hostvars):
+    """{host: pki_sans} of every host of a list (the PKI role's one call for the whole inventory)."""
+    return {str(host): pki_sans(host, hostvars) for host in hosts or []}
 
 
 def scrape_targets(job_name, job, groups, hostvars, components=None):
@@ -319,12 +390,17 @@ class FilterModule:
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,
             "hpcobs_component_port": component_port,
+            "hpcobs_component_scheme": component_scheme,
             "hpcobs_component_url": component_url,
             "hpcobs_component_urls": component_urls,
             "hpcobs_components_problem": components_problem,
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_pki_hosts_sans": pki_hosts_sans,
+            "hpcobs_pki_path": pki_path,
+            "hpcobs_pki_sans": pki_sans,
+            "hpcobs_security_enabled": security_enabled,
             "hpcobs_shared": shared_fact,
             "hpcobs_listen_problem": listen_problem,
             "hpcobs_listen_join": listen_join,

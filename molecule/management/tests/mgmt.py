@@ -19,14 +19,27 @@ NOTIFICATIONS = E2E_DIR + "/notifications.jsonl"
 SERIES_DIR = E2E_DIR + "/series"
 SCENARIO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# VictoriaMetrics runs with the site's security switch on in this scenario: HTTPS from the site CA, basic auth, an
+# admin key. On a management host its files are where the role put them; tests read secrets from those files inside
+# the container (never on a command line).
+VM = "https://127.0.0.1:8428"
+VM_TLS = "/etc/victoriametrics/tls"
+VM_AUTH = {"ca": VM_TLS + "/ca.crt", "user": "hpcobs", "password_file": VM_TLS + "/victoriametrics-client"}
+
+# argv: url, data (base64 or -), method, CA file, user, password file, client certificate, client key, file of an
+# authKey query argument (- for none)
 _FETCH = (
-    "import base64,sys,urllib.request,urllib.error\n"
-    "url,data,method=sys.argv[1],sys.argv[2],sys.argv[3]\n"
+    "import base64,ssl,sys,urllib.request,urllib.error\n"
+    "url,data,method,ca,user,pwfile,cert,key,keyfile=sys.argv[1:10]\n"
+    "if keyfile!='-': url+=('&' if '?' in url else '?')+'authKey='+open(keyfile).read().strip()\n"
     "data=base64.b64decode(data) if data!='-' else None\n"
-    "req=urllib.request.Request(url,data=data,method=None if method=='-' else method,\n"
-    "  headers={'Content-Type':'application/json'} if data is not None else {})\n"
+    "headers={'Content-Type':'application/json'} if data is not None else {}\n"
+    "ctx=ssl.create_default_context(cafile=None if ca=='-' else ca)\n"
+    "if cert!='-': ctx.load_cert_chain(cert,key)\n"
+    "if user!='-': headers['Authorization']='Basic '+base64.b64encode((user+':'+open(pwfile).read().strip()).encode()).decode()\n"
+    "req=urllib.request.Request(url,data=data,method=None if method=='-' else method,headers=headers)\n"
     "try:\n"
-    "  resp=urllib.request.urlopen(req,timeout=20); code,body=resp.status,resp.read()\n"
+    "  resp=urllib.request.urlopen(req,timeout=20,context=ctx); code,body=resp.status,resp.read()\n"
     "except urllib.error.HTTPError as err:\n"
     "  code,body=err.code,err.read()\n"
     "except OSError as err:\n"
@@ -39,17 +52,25 @@ def host(name):
     return testinfra.get_host("podman://" + name)
 
 
-def http(name, url, data=None, method=None):
-    """(status, body) of an HTTP request made from inside container `name`; status 0 when nothing answered."""
+def http(name, url, data=None, method=None, ca=None, user=None, password_file=None, cert=None, key=None,
+         authkey_file=None):
+    """(status, body) of an HTTP request made from inside container `name`; status 0 when nothing answered (a
+    refused TLS handshake included: the body says why). ca: CA file to trust; user and password_file: basic auth
+    (the password read from that file in the container); cert, key: a client certificate; authkey_file: a file
+    whose content goes into the authKey query argument."""
     payload = "-" if data is None else base64.b64encode(data if isinstance(data, bytes) else data.encode()).decode()
-    out = host(name).check_output("python3 -c %s %s %s %s" % (
-        shlex.quote(_FETCH), shlex.quote(url), shlex.quote(payload), shlex.quote(method or "-")))
+    words = [url, payload, method or "-", ca or "-", user or "-", password_file or "-", cert or "-", key or "-",
+             authkey_file or "-"]
+    out = host(name).check_output("python3 -c %s %s" % (shlex.quote(_FETCH), " ".join(shlex.quote(w) for w in words)))
     status, _, body = out.partition("\n")
     return int(status), body
 
 
-def get_json(name, url):
-    status, body = http(name, url)
+def get_json(name, url, **auth):
+    """JSON of a GET that must answer 200; a URL of VictoriaMetrics (VM) carries its CA and credential."""
+    if url.startswith(VM) and not auth:
+        auth = VM_AUTH
+    status, body = http(name, url, **auth)
     assert status == 200, "%s from %s: HTTP %d %s" % (url, name, status, body[:300])
     return json.loads(body)
 
@@ -61,7 +82,7 @@ def post_json(name, url, obj, method="POST"):
 def query(name, expr):
     """Instant query against the VictoriaMetrics of management host `name`: list of (labels, float value)."""
     from urllib.parse import quote
-    data = get_json(name, "http://127.0.0.1:8428/api/v1/query?query=" + quote(expr))
+    data = get_json(name, VM + "/api/v1/query?query=" + quote(expr))
     return [(r["metric"], float(r["value"][1])) for r in data["data"]["result"]]
 
 

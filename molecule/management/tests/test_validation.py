@@ -13,7 +13,7 @@ import time
 
 import yaml
 
-from mgmt import MANAGEMENT, SCENARIO_DIR, get_json, host, http, main_pid, post_json, run_role
+from mgmt import MANAGEMENT, SCENARIO_DIR, VM, get_json, host, http, main_pid, post_json, run_role
 from polling import wait_for
 
 with open(os.path.join(SCENARIO_DIR, "group_vars", "management.yml"), encoding="utf-8") as handle:
@@ -117,7 +117,7 @@ def test_a_new_node_is_scraped_without_a_restart():
     assert pids("victoriametrics") == pid_before
     for name in MANAGEMENT:
         wait_for("the new target in %s" % name, lambda n=name: [
-            t for t in get_json(n, "http://127.0.0.1:8428/api/v1/targets")["data"]["activeTargets"]
+            t for t in get_json(n, VM + "/api/v1/targets")["data"]["activeTargets"]
             if t["labels"].get("node") == new_node and t["labels"]["job"] == "dcgm"], timeout=60)
 
 

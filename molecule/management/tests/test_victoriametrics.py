@@ -4,7 +4,7 @@ import json
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, cmdline
-from mgmt import MANAGEMENT, get_json, query
+from mgmt import MANAGEMENT, VM, VM_AUTH, get_json, http, query
 from polling import wait_for
 
 testinfra_hosts = ["management"]
@@ -39,6 +39,32 @@ def test_storage_flags(host):
     assert "-promscrape.fileSDCheckInterval=5s" in args
 
 
+def test_security_flags_name_files_never_secrets(host):
+    """TLS, basic auth and every admin endpoint's key, each secret read from a file (-flag=file://)."""
+    args = cmdline(host, "victoriametrics")
+    tls = "/etc/victoriametrics/tls"
+    for flag in ("-tls", "-tlsCertFile=%s/server.crt" % tls, "-tlsKeyFile=%s/server.key" % tls,
+                 "-tlsMinVersion=TLS12", "-httpAuth.username=hpcobs",
+                 "-httpAuth.password=file://%s/victoriametrics-client" % tls):
+        assert flag in args
+    for name in ("deleteAuthKey", "snapshotAuthKey", "forceMergeAuthKey", "forceFlushAuthKey",
+                 "search.resetCacheAuthKey", "pprofAuthKey", "flagsAuthKey", "configAuthKey", "reloadAuthKey",
+                 "logNewSeriesAuthKey", "metricNamesStatsResetAuthKey"):
+        assert "-%s=file://%s/victoriametrics-admin" % (name, tls) in args
+    secrets = [host.file("%s/%s" % (tls, name)).content_string.strip()
+               for name in ("victoriametrics-client", "victoriametrics-admin")]
+    assert len(set(secrets)) == 2 and all(len(value) >= 32 for value in secrets)
+    unit = host.file("/etc/systemd/system/victoriametrics.service").content_string
+    for value in secrets:
+        assert value not in " ".join(args) and value not in unit
+        assert value not in host.check_output("systemctl show -p Environment --value victoriametrics")
+    for name, mode in (("ca.crt", 0o644), ("server.crt", 0o644), ("server.key", 0o640),
+                       ("victoriametrics-client", 0o640), ("victoriametrics-admin", 0o640)):
+        info = host.file("%s/%s" % (tls, name))
+        assert (info.user, info.group, info.mode) == ("root", "victoriametrics", mode), name
+    assert host.file(tls).mode == 0o750
+
+
 def test_data_dir_belongs_to_the_service(host):
     data = host.file("/var/lib/victoriametrics")
     assert data.is_directory and data.user == "victoriametrics" and data.mode == 0o750
@@ -47,8 +73,9 @@ def test_data_dir_belongs_to_the_service(host):
 
 
 def test_health(host):
-    assert host.check_output("python3 -c \"import urllib.request;"
-                             "print(urllib.request.urlopen('http://127.0.0.1:8428/health').read().decode())\"") == "OK"
+    # /health answers without credentials (readiness probes), over HTTPS from the site CA only
+    status, body = http(host.check_output("hostname"), VM + "/health", ca=VM_AUTH["ca"])
+    assert (status, body) == (200, "OK")
 
 
 def test_scrape_config_has_one_file_sd_per_enabled_job(host):
@@ -86,7 +113,7 @@ def test_every_target_is_scraped_with_a_node_label(host):
     name = host.check_output("hostname")
 
     def all_up():
-        targets = get_json(name, "http://127.0.0.1:8428/api/v1/targets")["data"]["activeTargets"]
+        targets = get_json(name, VM + "/api/v1/targets")["data"]["activeTargets"]
         seen = {(t["labels"]["job"], t["labels"].get("node"), t["health"]) for t in targets}
         wanted = {(job, mgmt, "up") for job in SCRAPED_JOBS for mgmt in MANAGEMENT}
         return wanted <= seen and all(t["labels"].get("node") for t in targets) and seen

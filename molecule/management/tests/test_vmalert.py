@@ -30,8 +30,13 @@ def test_flags_point_at_victoriametrics_and_every_alertmanager(host):
     args = cmdline(host, "vmalert")
     name = host.check_output("hostname")
     assert "-rule=/etc/vmalert/rules/*.yml" in args
-    for flag in ("-datasource.url", "-remoteWrite.url", "-remoteRead.url"):
-        assert "%s=http://127.0.0.1:8428" % flag in args
+    # VictoriaMetrics over HTTPS (the site's security switch is on here), the CA and the credential from files
+    for flag in ("-datasource", "-remoteWrite", "-remoteRead"):
+        assert "%s.url=https://127.0.0.1:8428" % flag in args
+        assert "%s.tlsCAFile=/etc/vmalert/tls/ca.crt" % flag in args
+        assert "%s.basicAuth.username=hpcobs" % flag in args
+        assert "%s.basicAuth.passwordFile=/etc/vmalert/tls/victoriametrics-client" % flag in args
+    assert not [a for a in args if "basicAuth.password=" in a]
     assert sorted(a for a in args if a.startswith("-notifier.url=")) == [
         "-notifier.url=http://%s:9093" % mgmt for mgmt in MANAGEMENT]
     assert "-external.url=http://%s:8880" % name in args

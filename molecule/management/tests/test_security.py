@@ -1,0 +1,163 @@
+"""VictoriaMetrics with the site's security switch on (hpcobs_security), seen from a host that is no management host
+(the test helper, as a GPU node would be): without the client credential nothing is read, written or deleted; with
+it, deletion and the other admin endpoints still need the admin key; TLS chains to the site CA only; the stack's
+own clients (vmalert, the self-scrape) work with the shipped credentials."""
+import subprocess
+import time
+import uuid
+from urllib.parse import quote
+
+import pytest
+
+from mgmt import HELPER, MANAGEMENT, VM_AUTH, VM_TLS, E2E_DIR, get_json, host, http, query, run_role, write_file
+from polling import wait_for
+
+VMS = ["https://%s:8428" % name for name in MANAGEMENT]
+CA = E2E_DIR + "/ca.crt"
+CLIENT = {"ca": CA, "user": "hpcobs", "password_file": E2E_DIR + "/vm-client-password"}
+ADMIN_KEY = VM_TLS + "/victoriametrics-admin"
+# Deleting every series: what a job on a GPU node must never be able to do.
+DELETE_ALL = "/api/v1/admin/tsdb/delete_series?match%5B%5D=" + quote('{__name__=~".+"}')
+
+
+def history(name):
+    """Samples of the self-scrape's `up` over the last hour on one host: a deletion would take them away."""
+    return sum(value for _, value in query(name, 'sum(count_over_time(up{job="victoriametrics"}[1h]))'))
+
+
+def marker():
+    return "hpcobs_refusal_probe_%s" % uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="module")
+def histories():
+    before = {name: wait_for("self-scrape history on %s" % name, lambda n=name: history(n), 90) for name in MANAGEMENT}
+    return before
+
+
+@pytest.mark.parametrize("url", VMS)
+def test_without_credentials_nothing_is_read_written_or_deleted(url, histories):
+    probe = marker()
+    refused = {
+        "query": http(HELPER, url + "/api/v1/query?query=up", ca=CA),
+        "export": http(HELPER, url + "/api/v1/export?match%5B%5D=up", ca=CA),
+        "import": http(HELPER, url + "/api/v1/import", '{"metric":{"__name__":"%s"},"values":[1],"timestamps":[%d]}'
+                       % (probe, int(time.time() * 1000)), "POST", ca=CA),
+        "import prometheus": http(HELPER, url + "/api/v1/import/prometheus", "%s 1\n" % probe, "POST", ca=CA),
+        "delete": http(HELPER, url + DELETE_ALL, method="POST", ca=CA),
+        "metrics": http(HELPER, url + "/metrics", ca=CA),
+    }
+    assert {what: status for what, (status, _) in refused.items()} == {what: 401 for what in refused}, refused
+    # plain HTTP gets nothing either (VictoriaMetrics answers 400 to HTTP on its TLS port)
+    status, body = http(HELPER, url.replace("https://", "http://") + "/api/v1/query?query=up")
+    assert status == 400 and '"data"' not in body
+    name = url.split("//")[1].split(":")[0]
+    time.sleep(3)  # past -search.latencyOffset: an imported sample would be visible now
+    assert query(name, "count(%s)" % probe) == []
+    assert history(name) >= histories[name]
+
+
+@pytest.mark.parametrize("url", VMS)
+def test_the_client_credential_reads_and_writes_but_cannot_delete(url, histories):
+    name = url.split("//")[1].split(":")[0]
+    probe = marker()
+    status, _ = http(HELPER, url + "/api/v1/import/prometheus", "%s 1\n" % probe, "POST", **CLIENT)
+    assert status == 204
+    wait_for("the imported probe on %s" % name, lambda: query(name, "count(%s)" % probe) == [({}, 1.0)], 30)
+    status, body = http(HELPER, url + "/api/v1/query?query=" + quote("count(%s)" % probe), **CLIENT)
+    assert status == 200 and '"1"' in body
+    # deletion and every other admin endpoint want the admin key, which the client credential is not
+    for path, method in ((DELETE_ALL, "POST"), ("/api/v1/admin/tsdb/delete_series?match%5B%5D=" + probe, "POST"),
+                         ("/api/v1/admin/tsdb/delete_series?match%5B%5D=" + probe + "&authKey=wrong", "POST"),
+                         ("/snapshot/create", "POST"), ("/internal/force_merge", "GET"),
+                         ("/internal/force_flush", "GET"), ("/internal/resetRollupResultCache", "GET"),
+                         ("/debug/pprof/heap", "GET"), ("/flags", "GET"), ("/config", "GET")):
+        status, body = http(HELPER, url + path, method=method, **CLIENT)
+        assert status == 401, "%s %s with the client credential: HTTP %d %s" % (method, path, status, body[:200])
+    time.sleep(3)
+    assert query(name, "count(%s)" % probe) == [({}, 1.0)]
+    assert history(name) >= histories[name]
+    # the admin key (on the management host only) deletes: the key the role deployed is the one that works
+    status, body = http(name, "https://127.0.0.1:8428/api/v1/admin/tsdb/delete_series?match%5B%5D=" + probe,
+                        method="POST", ca=VM_AUTH["ca"], authkey_file=ADMIN_KEY)
+    assert status == 204, body[:300]
+    wait_for("the probe deleted on %s" % name, lambda: query(name, "count(%s)" % probe) == [], 30)
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory):
+    """A CA that is not the site's, and a client certificate it signed, copied into the helper."""
+    work = tmp_path_factory.mktemp("other-ca")
+    run = lambda *args: subprocess.run(args, check=True, capture_output=True, cwd=work)  # noqa: E731
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=not the site CA")
+    run("openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=" + MANAGEMENT[0])
+    (work / "ext").write_text("subjectAltName=DNS:%s\nextendedKeyUsage=clientAuth,serverAuth\n" % MANAGEMENT[0])
+    run("openssl", "x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-out", "client.crt",
+        "-days", "2", "-set_serial", "7", "-extfile", "ext")
+    paths = {}
+    for part in ("ca.crt", "client.crt", "client.key"):
+        paths[part] = "/tmp/other-%s" % part
+        write_file(HELPER, paths[part], (work / part).read_text())
+    return paths
+
+
+@pytest.mark.parametrize("url", VMS)
+def test_tls_chains_to_the_site_ca_only(url, other_ca):
+    # a client trusting another CA refuses VictoriaMetrics' certificate: the handshake fails, nothing is sent
+    status, body = http(HELPER, url + "/health", ca=other_ca["ca.crt"])
+    assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in body, body[:300]
+    # a certificate of another CA, even one naming a management host, is no credential
+    status, _ = http(HELPER, url + "/api/v1/query?query=up", ca=CA, cert=other_ca["client.crt"],
+                     key=other_ca["client.key"])
+    assert status == 401
+    # the site CA verifies it, for the name other hosts use
+    assert http(HELPER, url + "/health", ca=CA) == (200, "OK")
+
+
+@pytest.mark.parametrize("name", MANAGEMENT)
+def test_vmalert_evaluates_its_rules_with_the_shipped_credential(name):
+    def evaluated():
+        groups = get_json(name, "http://127.0.0.1:8880/api/v1/rules")["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        failing = [(rule["name"], rule.get("lastError")) for rule in rules if rule.get("lastError")]
+        return rules and all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) and not failing \
+            and rules
+    rules = wait_for("every rule of vmalert on %s evaluated without error" % name, evaluated, 90)
+    assert len(rules) > 20
+    # its results and alert states reach VictoriaMetrics through remote write, with no error
+    def sent():
+        status, text = http(name, "http://127.0.0.1:8880/metrics")
+        return status == 200 and metric_sum(text, "vmalert_remotewrite_sent_rows_total") > 0 and text
+    text = wait_for("vmalert remote-writing rows on %s" % name, sent, 60)
+    assert metric_sum(text, "vmalert_remotewrite_errors_total") == 0
+
+
+def metric_sum(text, metric):
+    """Sum of a metric family's samples in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(metric + " ") or line.startswith(metric + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_certificate_due_is_renewed_and_served():
+    """The PKI role renews what is within pki_renew_days of its end (here: every 397-day certificate, under 398),
+    the role copies the new one and VictoriaMetrics serves it; clients trusting the site CA carry on."""
+    path = VM_TLS + "/server.crt"
+    before = {name: host(name).file(path).content_string for name in MANAGEMENT}
+    result = run_role("pki", {"pki_renew_days": 398, "pki_cert_days": 800})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "changed: [%s -> localhost]" % MANAGEMENT[0] in result.stdout, result.stdout[-3000:]
+    result = run_role("victoriametrics")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    served = ("import ssl,sys;sys.stdout.write(ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert("
+              "ssl.get_server_certificate(('127.0.0.1',8428)))))")
+    for name in MANAGEMENT:
+        new = host(name).file(path).content_string
+        assert new != before[name]
+        pem = host(name).check_output("python3 -c \"%s\"" % served)
+        assert pem.split() == new.split()
+        assert http(HELPER, "https://%s:8428/health" % name, ca=CA) == (200, "OK")
