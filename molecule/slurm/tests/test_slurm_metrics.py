@@ -132,9 +132,14 @@ def test_a_job_holding_gpus_is_counted_for_its_user_account_node_and_partition(c
     try:
         wait_for("job %s running" % job, lambda: job_state(ctl, job) == "RUNNING", TIMEOUT, interval=0.5)
 
+        # the node's state and the job list come from two commands of one collector round (scontrol show node,
+        # then show job), and slurmctld may report the node MIXED a moment after the job RUNNING: wait for a round
+        # that has both
         def counted():
             samples = metrics(ctl)
-            return samples if value(samples, "slurm_account_jobs_gpus_alloc", account="chemistry") == 3 else None
+            return samples if (value(samples, "slurm_account_jobs_gpus_alloc", account="chemistry") == 3
+                               and value(samples, "hpcobs_slurm_node_state_info", node=cluster["gpu1"], state="mixed",
+                                         reason="") == 1) else None
         samples = wait_for("the collector counting job %s" % job, counted, TIMEOUT, interval=1)
         running = len(ctl.check_output("squeue -h -t RUNNING -o %i").split())
         assert value(samples, "slurm_jobs_running") == running >= 1
