@@ -278,6 +278,25 @@ def test_more_than_one_control_character_is_counted():
     assert "at position 2 (and 1 more)" in found[0]
 
 
+class _Unrenderable(dict):
+    """A mapping whose entry is a template of a variable not defined yet, as Ansible's lazy containers give it."""
+    def __getitem__(self, key):
+        if key == "url_file":
+            raise checks.UndefinedError("'alertmanager_secrets_dir' is undefined")
+        return dict.__getitem__(self, key)
+
+
+def test_an_entry_the_preflight_cannot_render_yet_is_skipped_and_the_others_checked():
+    """A receiver written with a role default ("{{ alertmanager_secrets_dir }}/pager", as the alertmanager README
+    shows) cannot be rendered before the roles run: the check skips that entry, not the setting."""
+    receivers = [{"name": "pager\n", "webhook_configs": [_Unrenderable(url_file="{{ ... }}", send_resolved=True)]}]
+    found = checks.control_char_problems({"alertmanager_receivers": receivers})
+    assert found[0] == ('alertmanager_receivers[0]["name"] has a control character, line feed (U+000A), at position 6')
+    assert len(found) == 2
+    assert checks.control_char_problems({"alertmanager_receivers": [{"webhook_configs": [_Unrenderable(
+        url_file="x")]}]}) == []
+
+
 def test_clean_values_unset_and_non_text_pass():
     assert checks.control_char_problems({
         "node_exporter_extra_args": ["--collector.textfile", "--web.max-requests=40"],

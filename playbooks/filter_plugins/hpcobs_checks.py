@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 
 import yaml
+from jinja2.exceptions import UndefinedError
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -282,13 +283,24 @@ def _walk(value, path, problems):
     if isinstance(value, str):
         problems += _text_problem(_where(path), value)
     elif isinstance(value, Mapping):
-        for key, item in value.items():
+        for key in list(value.keys()):
             if isinstance(key, str):
                 problems += _text_problem("a key of %s" % _where(path), key)
-            _walk(item, path + [key], problems)
+            _walk_entry(value, key, path + [key], problems)
     elif isinstance(value, (list, tuple)):
-        for number, item in enumerate(value):
-            _walk(item, path + [number], problems)
+        for number in range(len(value)):
+            _walk_entry(value, number, path + [number], problems)
+
+
+def _walk_entry(container, key, path, problems):
+    """One entry of a mapping or list. An entry that is a template of a variable not defined yet (a role default
+    such as "{{ alertmanager_secrets_dir }}/pager", which a site writes in its inventory) is skipped: the preflight
+    runs before the roles and cannot render it. Ansible raises UndefinedError when such an entry is read."""
+    try:
+        item = container[key]
+    except UndefinedError:
+        return
+    _walk(item, path, problems)
 
 
 def control_char_problems(values):
