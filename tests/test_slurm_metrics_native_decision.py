@@ -2,7 +2,8 @@
 
 The role's own preflight tasks run on localhost against a stand-in `scontrol -V` (it prints the version a test
 gives) and a slurm.conf written by the test: auto turns native metrics on only for Slurm 25.11+ whose slurm.conf
-lets VictoriaMetrics read them without a token and counts GPUs; true fails where they would not work.
+lets VictoriaMetrics read them (without a token, or with a JWT of a MetricsAuthUsers user where slurmctld takes JWTs)
+and counts GPUs; true fails where they would not work.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ROLE = REPO / "roles" / "slurm_metrics"
 GPU_CONF = "GresTypes=gpu\nAccountingStorageTRES=gres/gpu\n"
 
 
-def decide(tmp_path, version, conf, mode):
+def decide(tmp_path, version, conf, mode, token_user=""):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'slurm %s'\n" % version)
@@ -40,20 +41,27 @@ def decide(tmp_path, version, conf, mode):
             {"name": "Preflight", "ansible.builtin.import_tasks": str(ROLE / "tasks" / "preflight.yml")},
             {"name": "Keep the decision", "ansible.builtin.copy": {
                 "dest": str(out), "mode": "0644",
-                "content": "{{ {'on': _slurm_metrics_native_on | bool, 'version': _slurm_metrics_version_number}"
-                           " | to_json }}"}},
+                "content": "{{ {'on': _slurm_metrics_native_on | bool, 'version': _slurm_metrics_version_number,"
+                           " 'token': _slurm_metrics_token_user} | to_json }}"}},
         ],
     }]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
     result = subprocess.run([str(beside) if beside.exists() else "ansible-playbook", "-i", "localhost,",
                              str(tmp_path / "play.yml"), "-e", json.dumps({"hpcobs_slurm_native_metrics": mode,
+                                                                     "slurm_metrics_token_user": token_user,
                                                                      "slurm_metrics_slurm_conf": str(tmp_path / "slurm.conf")})],
                             capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
+                            env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                                     # the preflight's tasks run outside the role: its filters as the role has them
+                                     ANSIBLE_FILTER_PLUGINS="%s:%s" % (REPO / "playbooks" / "filter_plugins",
+                                                                       ROLE / "filter_plugins")))
     if result.returncode != 0:
         return None, result.stdout + result.stderr
     return json.loads(out.read_text()), result.stdout
+
+
+JWT = "AuthAltTypes=auth/jwt\n"
 
 
 @pytest.mark.parametrize("version,conf,on", [
@@ -63,19 +71,37 @@ def decide(tmp_path, version, conf, mode):
     ("22.05.8", "", False),
     ("26.05.5", GPU_CONF + "PrivateData=jobs\n", False),             # slurmctld would ask for a token
     ("26.05.5", GPU_CONF + "PrivateData=jobs\nMetricsParameters=ignore_private_data\n", True),
-    ("26.05.5", GPU_CONF + "MetricsAuthUsers=prometheus\n", False),  # token required whatever else is set
+    ("26.05.5", GPU_CONF + "MetricsAuthUsers=prometheus\n", False),  # a token, but slurmctld takes no JWT
+    ("26.05.5", GPU_CONF + "PrivateData=jobs\n" + JWT, False),      # a token of root or SlurmUser: never minted
     ("26.05.5", "GresTypes=gpu\n", False),                           # GPUs not tracked as TRES: gauges stay 0
     ("26.05.5", "GresTypes=gpu\n# AccountingStorageTRES=gres/gpu\n", False),
 ])
 def test_auto_uses_native_metrics_only_where_they_work(tmp_path, version, conf, on):
     decision, log = decide(tmp_path, version, conf, "auto")
     assert decision is not None, log[-3000:]
-    assert decision == {"on": on, "version": version}
+    assert decision == {"on": on, "version": version, "token": ""}
+
+
+@pytest.mark.parametrize("conf,token_user,token", [
+    (GPU_CONF + "MetricsAuthUsers=hpcobs-metrics,prometheus\n" + JWT, "", "hpcobs-metrics"),
+    (GPU_CONF + "MetricsAuthUsers=hpcobs-metrics,prometheus\n" + JWT, "prometheus", "prometheus"),
+    (GPU_CONF + "PrivateData=jobs\nMetricsAuthUsers=prometheus\nAuthAltTypes=auth/munge,auth/jwt\n", "", "prometheus"),
+])
+def test_auto_reads_native_metrics_with_a_token_of_a_metrics_auth_user(tmp_path, conf, token_user, token):
+    decision, log = decide(tmp_path, "26.05.5", conf, "auto", token_user)
+    assert decision == {"on": True, "version": "26.05.5", "token": token}, log[-3000:]
+
+
+def test_a_token_user_outside_metrics_auth_users_is_refused(tmp_path):
+    decision, log = decide(tmp_path, "26.05.5", GPU_CONF + "MetricsAuthUsers=prometheus\n" + JWT, "auto", "root")
+    assert decision is None
+    assert "slurm_metrics_token_user root is not in slurm.conf's MetricsAuthUsers=prometheus" in log, log[-3000:]
+    assert "Nothing was changed." in log
 
 
 def test_false_keeps_the_collector_on_26_05(tmp_path):
     decision, log = decide(tmp_path, "26.05.5", GPU_CONF, False)
-    assert decision == {"on": False, "version": "26.05.5"}, log[-3000:]
+    assert decision == {"on": False, "version": "26.05.5", "token": ""}, log[-3000:]
 
 
 @pytest.mark.parametrize("version,conf,says", [

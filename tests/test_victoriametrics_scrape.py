@@ -28,7 +28,9 @@ INVENTORY = {"all": {"children": {
         "slurmctl01.cluster.example": {"hpcobs_address": "fd00::5"},
         # hpcobs_slurm_native_metrics auto (the default): what slurm_metrics recorded on the host in an earlier run,
         # overridden by what it decided in this run; true scrapes before slurm_metrics ran; false never does.
-        "slurmctl02.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}}},
+        # ... behind MetricsAuthUsers: VictoriaMetrics presents the Slurm JWT of that user to every slurmctld job
+        "slurmctl02.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True,
+                                                                                  "token_user": "hpcobs-metrics"}}},
         "slurmctl03.cluster.example": {"ansible_local": {"hpcobs_slurm_metrics": {"native": True}},
                                        "slurm_metrics_native_active": False},
         "slurmctl04.cluster.example": {"hpcobs_slurm_native_metrics": True},
@@ -103,8 +105,11 @@ def test_slurmctld_jobs_scrape_only_the_controllers_serving_native_metrics(rende
         scrape = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
         assert scrape[job]["metrics_path"] == path
         assert scrape[job]["scrape_interval"] == "60s" and scrape[job]["honor_labels"] is True
-    # the collector stays on every controller (all slurm_* series, or only its hpcobs_slurm_* ones)
+        assert scrape[job]["authorization"] == {"type": "Bearer",
+                                                "credentials_file": str(rendered / "slurmctld.token")}
+    # the collector stays on every controller (all slurm_* series, or only its hpcobs_slurm_* ones), without a token
     assert len(targets(rendered, "slurm")) == 5
+    assert "authorization" not in scrape["slurm"]
 
 
 def test_every_target_carries_its_short_host_name(rendered):

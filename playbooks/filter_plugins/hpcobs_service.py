@@ -3,8 +3,12 @@ quoted for systemd, and where every other component of the stack is reached (the
 Pure functions, unit-tested in tests/test_service_filters.py and tests/test_components.py.
 """
 
+import base64
+import binascii
+import json
 import os
 import re
+import time
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -383,9 +387,95 @@ def _truthy(value):
     return value is True or str(value).strip().lower() in ("true", "yes", "1", "on")
 
 
+# The Slurm JWT that VictoriaMetrics presents to slurmctld's metrics where slurm.conf restricts them to
+# MetricsAuthUsers (roles/slurm_metrics decides per controller; roles/victoriametrics mints, keeps and renews it).
+# slurmctld takes it as `Authorization: Bearer <token>` (Slurm 26.05 src/plugins/auth/jwt/http_auth_jwt.c);
+# `scontrol token username=<user> lifespan=<seconds>` mints it (root or SlurmUser where the JWT key is) and prints
+# `SLURM_JWT=<token>`. A JWT is three base64url parts; the middle one is JSON whose `exp` ends the token's life.
+_JWT = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+_MINTED = re.compile(r"^SLURM_JWT=(\S+)\s*$", re.M)
+
+
+def slurm_token_user(hv):
+    """The user whose token VictoriaMetrics presents to slurmctld on a controller ("" when it needs none): this
+    run's decision of the slurm_metrics role (slurm_metrics_token_user_active), else what it recorded on the
+    controller (local fact hpcobs_slurm_metrics.token_user); only where slurmctld serves its own metrics."""
+    if not slurm_native_active(hv):
+        return ""
+    if "slurm_metrics_native_active" in hv:
+        return str(hv.get("slurm_metrics_token_user_active") or "")
+    local = (hv.get("ansible_local") or {}).get("hpcobs_slurm_metrics") or {}
+    return str(local.get("token_user") or "")
+
+
+def slurm_token_plan(controllers, hostvars):
+    """{"hosts": the controllers whose slurmctld asks VictoriaMetrics for a token, "user": the user of that token,
+    "problem": why no single token serves them, or ""}. One cluster shares one JWT key, so one token of one user
+    serves every controller of it."""
+    users = {}
+    for host in controllers or []:
+        user = slurm_token_user(hostvars[host] if host in hostvars else {})
+        if user:
+            users[host] = user
+    plan = {"hosts": sorted(users), "user": "", "problem": ""}
+    distinct = sorted(set(users.values()))
+    if len(distinct) > 1:
+        plan["problem"] = ("the Slurm controllers ask for tokens of different users (%s); VictoriaMetrics presents "
+                           "one token to all of them: set the same slurm_metrics_token_user for every controller"
+                           % ", ".join("%s: %s" % item for item in sorted(users.items())))
+    elif distinct:
+        plan["user"] = distinct[0]
+    return plan
+
+
+def slurm_token_expiry(token):
+    """`exp` of a JWT (seconds since the epoch), 0 when the text is no JWT with one."""
+    token = str(token or "").strip()
+    if not _JWT.match(token):
+        return 0
+    payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (binascii.Error, ValueError):
+        return 0
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    return int(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else 0
+
+
+def slurm_token_due(slurped, renew_days, now=None):
+    """Whether a new token is needed: a host has none (its slurp failed or was skipped), or one that is no JWT, or
+    one that ends within renew_days. slurped: the registered slurp results of every management host."""
+    now = time.time() if now is None else now
+    limit = now + int(renew_days) * 86400
+    for result in slurped or []:
+        content = (result or {}).get("content")
+        if not content:
+            return True
+        try:
+            text = base64.b64decode(content).decode("ascii")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            return True
+        if slurm_token_expiry(text) <= limit:
+            return True
+    return False
+
+
+def slurm_token_minted(stdout):
+    """The token of `scontrol token` output (SLURM_JWT=<token>); anything else is an error, never written."""
+    match = _MINTED.search(str(stdout or ""))
+    if not match or not _JWT.match(match.group(1)):
+        raise AnsibleFilterError("scontrol token printed no SLURM_JWT=<token> line (is AuthAltTypes=auth/jwt set and "
+                                 "the JWT key readable by slurmctld?)")
+    return match.group(1)
+
+
 class FilterModule:
     def filters(self):
         return {
+            "hpcobs_slurm_token_plan": slurm_token_plan,
+            "hpcobs_slurm_token_expiry": slurm_token_expiry,
+            "hpcobs_slurm_token_due": slurm_token_due,
+            "hpcobs_slurm_token_minted": slurm_token_minted,
             "hpcobs_component_listen": component_listen,
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,

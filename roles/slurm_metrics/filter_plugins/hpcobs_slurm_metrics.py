@@ -1,10 +1,89 @@
-"""Filters of the slurm_metrics role: what to do with slurm.conf's MailProg for the job-end GPU summary."""
+"""Filters of the slurm_metrics role: whether slurmctld serves the Slurm metrics itself (and with which token), and
+what to do with slurm.conf's MailProg for the job-end GPU summary."""
 from __future__ import annotations
 
 import re
 
 PATH = re.compile(r"^/[A-Za-z0-9._/+-]+$")
 MAILPROG = re.compile(r"^\s*(?i:MailProg)\s*=\s*(\S*)")
+SETTING = re.compile(r"^\s*([A-Za-z]+)\s*=\s*(.*?)\s*$")
+USER = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+# slurmctld's own metrics (metrics/openmetrics) first shipped in Slurm 25.11.
+NATIVE_SINCE = (25, 11)
+
+
+def _settings(conf_lines):
+    """slurm.conf's settings among the lines the preflight grep returned, by lower-case name; Slurm uses the last
+    one of a name. Comment lines never match (the grep anchors on the name)."""
+    found = {}
+    for line in conf_lines or []:
+        match = SETTING.match(str(line))
+        if match:
+            found[match.group(1).lower()] = match.group(2).strip('"')
+    return found
+
+
+def _version(text):
+    match = re.search(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?", str(text or ""))
+    if not match:
+        return "0", (0, 0, 0)
+    numbers = tuple(int(part or 0) for part in match.groups())
+    return match.group(0), numbers
+
+
+def native_plan(conf_lines, version_output, mode, token_user=""):
+    """Whether slurmctld serves the Slurm metrics itself on this controller, and how VictoriaMetrics reads them.
+
+    conf_lines: slurm.conf's lines the preflight grep returned; version_output: what `scontrol -V` printed; mode:
+    slurm_metrics_native (auto, true or false); token_user: slurm_metrics_token_user ("" = the first of
+    MetricsAuthUsers).
+
+    slurmctld asks a client of /metrics/* for a Slurm JWT when slurm.conf sets MetricsAuthUsers, or PrivateData
+    without MetricsParameters=ignore_private_data (Slurm 26.05 read_config.c, slurmctld/http.c). hpcobs hands
+    VictoriaMetrics a token only for a user of MetricsAuthUsers, and only where slurmctld takes JWTs
+    (AuthAltTypes=auth/jwt): it never mints one for root or SlurmUser, which could run any Slurm command with it.
+    The GPU gauges count the gres/gpu TRES (statistics.c): with GPUs but no gres/gpu in AccountingStorageTRES they
+    stay 0, so auto keeps the collector there.
+
+    Returns {"version", "capable", "on", "token_user" (the user VictoriaMetrics' token is for, "" without),
+    "blocked" (why slurmctld's metrics cannot be read, ""), "gpu_blind", "problem" (a setting that is wrong, "")}.
+    """
+    settings = _settings(conf_lines)
+    version, numbers = _version(version_output)
+    mode = str(mode).strip().lower()
+    plan = {"version": version, "capable": numbers[:2] >= NATIVE_SINCE, "on": False, "token_user": "",
+            "blocked": "", "gpu_blind": False, "problem": ""}
+    auth_users = [name.strip() for name in settings.get("metricsauthusers", "").split(",") if name.strip()]
+    private = settings.get("privatedata", "") != ""
+    ignored = "ignore_private_data" in settings.get("metricsparameters", "")
+    jwt = "auth/jwt" in [kind.strip() for kind in settings.get("authalttypes", "").split(",")]
+    token_user = str(token_user or "").strip()
+    if token_user and not USER.match(token_user):
+        plan["problem"] = "slurm_metrics_token_user must be a user name (got %r)" % token_user
+        return plan
+    if auth_users:
+        if token_user and token_user not in auth_users:
+            plan["problem"] = ("slurm_metrics_token_user %s is not in slurm.conf's MetricsAuthUsers=%s: slurmctld "
+                               "would refuse its token" % (token_user, ",".join(auth_users)))
+            return plan
+        if not jwt:
+            plan["blocked"] = ("slurm.conf sets MetricsAuthUsers, so slurmctld asks for a token, but has no "
+                               "AuthAltTypes=auth/jwt to take one")
+        else:
+            plan["token_user"] = token_user or auth_users[0]
+    elif private and not ignored:
+        plan["blocked"] = ("slurm.conf sets PrivateData, so slurmctld asks for a token of root or SlurmUser, which "
+                           "hpcobs never mints: set MetricsAuthUsers=<a service account> with AuthAltTypes=auth/jwt, "
+                           "or MetricsParameters=ignore_private_data")
+    plan["gpu_blind"] = ("gpu" in re.split(r"[\s,]+", settings.get("grestypes", "").lower())
+                         and "gres/gpu" not in settings.get("accountingstoragetres", "").lower())
+    if mode == "true":
+        plan["on"] = True
+    elif mode == "auto":
+        plan["on"] = plan["capable"] and not plan["blocked"] and not plan["gpu_blind"]
+    if not plan["on"]:
+        plan["token_user"] = ""
+    return plan
 
 
 def mailprog_plan(conf_lines, enabled, wrapper, mailer):
@@ -45,4 +124,4 @@ def mailprog_plan(conf_lines, enabled, wrapper, mailer):
 
 class FilterModule:
     def filters(self):
-        return {"hpcobs_slurm_mailprog_plan": mailprog_plan}
+        return {"hpcobs_slurm_mailprog_plan": mailprog_plan, "hpcobs_slurm_native_plan": native_plan}
