@@ -196,12 +196,15 @@ def test_the_preflight_problem_names_unknown_components_and_shippers():
 
 
 def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
-    """Grafana and the Slurm reports have no VictoriaMetrics credential in this release: with hpcobs_security on,
-    the preflight names them and says what to do, before anything changes."""
+    """The Slurm reports have no VictoriaMetrics credential in this release: with hpcobs_security on, the preflight
+    names them and says what to do, before anything changes. Grafana has its datasource credentials: not refused."""
     problem = service.components_problem([], "promtail", True)
-    assert "grafana and slurm_metrics cannot reach a secured VictoriaMetrics" in problem
-    assert "list grafana, slurm_metrics in hpcobs_components_disabled" in problem
+    assert "but slurm_metrics cannot reach a secured VictoriaMetrics yet (this release gives it no credential)" \
+        in problem
+    assert "list slurm_metrics in hpcobs_components_disabled" in problem
+    assert "grafana" not in problem
     assert "slurm_metrics" in service.components_problem(["grafana"], "promtail", "true")
+    assert service.components_problem(["slurm_metrics"], "promtail", True) == ""
     assert service.components_problem(["grafana", "slurm_metrics"], "promtail", True) == ""
     assert service.components_problem([], "promtail", False) == ""
     assert service.components_problem([], "promtail", "False") == ""
@@ -211,7 +214,7 @@ def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
-    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics"]
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "grafana"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
@@ -221,6 +224,21 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.component_url("victoriametrics", secured, "m1", scheme="http") == "http://m1:8428"
     with pytest.raises(service.AnsibleFilterError, match="true or false"):
         service.component_scheme("victoriametrics", {"x": {"hpcobs_security": "maybe"}}, "x")
+
+
+def test_secured_components_are_those_a_host_reaches_over_https():
+    hosts = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": False}}
+    names = ["victoriametrics", "loki", "alertmanager", "grafana", "victoriametrics"]
+    assert service.secured_components(names, hosts, "m1") == ["victoriametrics", "grafana"]
+    assert service.secured_components(names, hosts, "m2") == []
+    assert service.secured_components([], hosts, "m1") == []
+    # Loki and Alertmanager once the map marks them tls: true (a map of this test), each once, in the list's order
+    components = {name: dict(entry, tls=True) if name in ("loki", "alertmanager") else entry
+                  for name, entry in COMPONENTS.items()}
+    assert service.secured_components(names, hosts, "m1", components) == [
+        "victoriametrics", "loki", "alertmanager", "grafana"]
+    with pytest.raises(service.AnsibleFilterError, match="not a component with a port"):
+        service.secured_components(["slurm_hooks"], hosts, "m1")
 
 
 def test_tls_key_of_the_map_is_checked():

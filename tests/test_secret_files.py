@@ -23,7 +23,8 @@ SECRET_FILES = {
     ("grafana", "Write the secret key given by the site"): "grafana_secret_key",
     ("grafana", "Generate a secret key unless there is one"): "the generated secret key",
     ("grafana", "Write grafana.ini"): "grafana_ini may set database, SMTP or OAuth passwords",
-    ("grafana", "Provision the datasources"): "secureJsonData of grafana_datasources_extra (passwords, tokens)",
+    ("grafana", "Provision the datasources"):
+        "secureJsonData of grafana_datasources_extra (passwords, tokens); the role's own credentials are $__file{}",
     ("ipmi_exporter", "Write the ipmi_exporter configuration"): "BMC user names and passwords of the modules",
     ("loki", "Write the Loki configuration"): "object-store keys in loki_config_overrides",
     ("promtail", "Write the Promtail configuration"): "basic-auth passwords of clients in promtail_config_overrides",

@@ -12,6 +12,7 @@ import queue
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -141,9 +142,34 @@ def _decode_value(errors, item, kind, where, blocks, names):
         errors.append("cannot unmarshal %s `%s` into %s" % (_tag(item), item, _GO[kind]))
 
 
-def serve(address, port, get, post=None, stop=None):
-    """Serve HTTP until SIGTERM or SIGINT (then stop() runs first). get(path, query, headers) and
-    post(path, headers, body) answer (status, body); a body that is not a string is sent as JSON."""
+class _Server(ThreadingHTTPServer):
+    """tls: an ssl.SSLContext to serve HTTPS with. A plain HTTP request on that port gets what Go's net/http
+    answers it (src/net/http/server.go, Go 1.22+: 400 "Client sent an HTTP request to an HTTPS server."); a failed
+    handshake closes the connection."""
+    tls = None
+
+    def finish_request(self, request, client_address):
+        if self.tls is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(10)
+        try:
+            first = request.recv(1, socket.MSG_PEEK)
+            if first and first != b"\x16":  # not a TLS handshake record
+                request.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+                return None
+            secure = self.tls.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return None
+        try:
+            return super().finish_request(secure, client_address)
+        finally:
+            secure.close()
+
+
+def serve(address, port, get, post=None, stop=None, tls=None):
+    """Serve HTTP (HTTPS with tls, an ssl.SSLContext) until SIGTERM or SIGINT (then stop() runs first).
+    get(path, query, headers) and post(path, headers, body) answer (status, body); a body that is not a string is
+    sent as JSON."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -165,7 +191,8 @@ def serve(address, port, get, post=None, stop=None):
             self.answer(*(post or (lambda *_: (404, "404 page not found\n")))(urlsplit(self.path).path, self.headers,
                                                                               body))
 
-    httpd = ThreadingHTTPServer((address, port), Handler)
+    httpd = _Server((address, port), Handler)
+    httpd.tls = tls
 
     def on_signal(*_):
         if stop:

@@ -208,9 +208,9 @@ def deployed_components(disabled=None, log_shipper="promtail", components=None):
 
 
 # Components whose clients cannot yet present the site CA and a credential to a secured VictoriaMetrics
-# (hpcobs_security): Grafana's datasource and the Slurm reports (hpcobs-jobstats, hpcobs-report, the job-end summary).
-# README "Security model": they are secured in a later stage; until then the switch refuses them.
-_NOT_YET_SECURE_CLIENTS = ("grafana", "slurm_metrics")
+# (hpcobs_security): the Slurm reports (hpcobs-jobstats, hpcobs-report, the job-end summary). README "Security
+# model": they are secured in a later stage; until then the switch refuses them.
+_NOT_YET_SECURE_CLIENTS = ("slurm_metrics",)
 
 
 def components_problem(disabled=None, log_shipper="promtail", security=False):
@@ -224,9 +224,9 @@ def components_problem(disabled=None, log_shipper="promtail", security=False):
         return "hpcobs_security must be true or false, not %r" % (security,)
     blocked = [name for name in _NOT_YET_SECURE_CLIENTS if name in deployed]
     if str(security).strip().lower() == "true" and blocked:
-        return ("hpcobs_security is on, but %s cannot reach a secured VictoriaMetrics yet (this release gives them no "
+        return ("hpcobs_security is on, but %s cannot reach a secured VictoriaMetrics yet (this release gives %s no "
                 "credential): list %s in hpcobs_components_disabled, or keep hpcobs_security off (README.md, "
-                "Security model)" % (" and ".join(blocked), ", ".join(blocked)))
+                "Security model)" % (" and ".join(blocked), "it" if len(blocked) == 1 else "them", ", ".join(blocked)))
     return ""
 
 
@@ -275,6 +275,16 @@ def component_scheme(name, hostvars, host, components=None):
     entry = _entry(name, components)
     hv = hostvars[host] if host in hostvars else {}
     return "https" if entry.get("tls") and security_enabled(hv) else "http"
+
+
+def secured_components(names, hostvars, host, components=None):
+    """The components of a list that `host` reaches over https (component_scheme), each once, in the list's order:
+    the ones whose clients present the site CA and the client credential <component>-client."""
+    out = []
+    for name in names or []:
+        if name not in out and component_scheme(name, hostvars, host, components) == "https":
+            out.append(name)
+    return out
 
 
 def component_url(name, hostvars, host, path="", scheme=None, components=None):
@@ -490,6 +500,7 @@ class FilterModule:
             "hpcobs_pki_hosts_sans": pki_hosts_sans,
             "hpcobs_pki_path": pki_path,
             "hpcobs_pki_sans": pki_sans,
+            "hpcobs_secured_components": secured_components,
             "hpcobs_security_enabled": security_enabled,
             "hpcobs_shared": shared_fact,
             "hpcobs_listen_problem": listen_problem,

@@ -1,8 +1,13 @@
-"""Helpers of the grafana scenario's tests: the containers' addresses, Grafana's HTTP API, ansible-playbook runs."""
+"""Helpers of the grafana scenario's tests: the containers' addresses, Grafana's HTTP API over HTTPS (the scenario runs
+with the site's security switch on), ansible-playbook runs."""
 import base64
+import functools
+import http.client
 import json
 import os
 import shutil
+import socket
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
@@ -24,26 +29,85 @@ def address(name):
     return out
 
 
-def grafana_url(name):
-    return "http://%s:%d" % (address(name), PORTS[name])
+def pki(relative):
+    """A file of the scenario's site PKI on the controller (hpcobs_pki_dir of molecule.yml)."""
+    return os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "pki", relative)
+
+
+SITE_CA = "ca.crt"
+
+
+def credential(name):
+    """A generated credential of the site PKI (what the controller holds)."""
+    with open(pki("credentials/%s" % name), encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+@functools.lru_cache(maxsize=None)
+def names_by_address():
+    return {address(name): name for name in PORTS}
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to a container's address, the certificate verified for the container's name (the controller does not
+    resolve the containers' names; their certificates name them, not their addresses)."""
+
+    def connect(self):
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        name = names_by_address().get(self.host, self.host)
+        self.sock = self._context.wrap_socket(sock, server_hostname=name)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, context, authorization=None):
+        super().__init__(context=context)
+        self._tls, self._authorization = context, authorization
+
+    def https_open(self, req):
+        if self._authorization and not req.has_header("Authorization"):
+            req.add_unredirected_header("Authorization", self._authorization)
+        return self.do_open(_NamedHTTPSConnection, req, context=self._tls)
+
+
+def opener(ca=None, user=None, password=None):
+    """A urllib opener for the containers' HTTPS: trusting `ca` (default the site CA), with basic auth if given."""
+    context = ssl.create_default_context(cafile=ca or pki(SITE_CA))
+    token = None
+    if user is not None:
+        token = "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
+    return urllib.request.build_opener(_HTTPSHandler(context, token))
+
+
+def grafana_url(name, scheme="https"):
+    return "%s://%s:%d" % (scheme, address(name), PORTS[name])
 
 
 def admin_password(host):
     return host.check_output("cat /etc/grafana/admin_password")
 
 
-def api(host, path, password=None, user="admin", auth=True):
-    """(status, JSON body) of a GET on the Grafana of this test host."""
-    request = urllib.request.Request(grafana_url(host.backend.name) + path)
-    if auth:
-        secret = admin_password(host) if password is None else password
-        token = base64.b64encode(("%s:%s" % (user, secret)).encode()).decode()
-        request.add_header("Authorization", "Basic " + token)
+def fetch(url, headers=None, ca=None, data=None):
+    """(status, body text) of a request to a container (TLS verified against `ca`, default the site CA)."""
+    request = urllib.request.Request(url, data=data, headers=headers or {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, json.load(answer)
+        with opener(ca).open(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+        return exc.code, exc.read().decode()
+
+
+def basic(user, secret):
+    return {"Authorization": "Basic " + base64.b64encode(("%s:%s" % (user, secret)).encode()).decode()}
+
+
+def api(host, path, password=None, user="admin", auth=True):
+    """(status, JSON body) of a GET on the Grafana of this test host, over HTTPS trusting the site CA."""
+    headers = basic(user, admin_password(host) if password is None else password) if auth else {}
+    status, body = fetch(grafana_url(host.backend.name) + path, headers)
+    try:
+        return status, json.loads(body or "null")
+    except ValueError:
+        return status, body
 
 
 def bundle_manifest():

@@ -1,7 +1,9 @@
 """Every panel query of every dashboard the role provisions, run against the real VictoriaMetrics of grafana-debian12
 (simulated GPU node with two Slurm jobs, real vmalert recording rules and alerts, see prepare.yml) with
-tests/dashboards/queries.py: each must return data. Also proves on the same data that the harness catches an empty
-query and that key panels show the values the fixtures imply."""
+tests/dashboards/queries.py: each must return data. The queries go the way a dashboard's do: through Grafana's
+datasource proxy (the provisioned VictoriaMetrics datasource, its client credential and the site CA; the security
+switch is on in this scenario), logged in as the admin over HTTPS. Also proves on the same data that the harness
+catches an empty query and that key panels show the values the fixtures imply."""
 import json
 import sys
 import time
@@ -10,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from grafana_lib import DATA_HOST, ROOT, address
+from grafana_lib import DATA_HOST, ROOT, SITE_PASSWORD, grafana_url, opener
 
 sys.path.insert(0, "%s/tests/dashboards" % ROOT)
 import queries  # noqa: E402
@@ -25,11 +27,20 @@ def instant(url, expr):
         return json.load(answer)["data"]["result"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def through_grafana():
+    """Every request of this module (the harness's and instant()) over HTTPS trusting the site CA, as Grafana's
+    admin."""
+    urllib.request.install_opener(opener(user="admin", password=SITE_PASSWORD[DATA_HOST]))
+    yield
+    urllib.request.install_opener(urllib.request.build_opener())
+
+
 @pytest.fixture(scope="module")
 def vm_url():
-    """VictoriaMetrics on the data host, once the recording rules have a few minutes of history and the injected
-    faults' alerts fire (ECC: for 1m)."""
-    url = "http://%s:8428" % address(DATA_HOST)
+    """VictoriaMetrics on the data host, reached through the data host's Grafana (its VictoriaMetrics datasource),
+    once the recording rules have a few minutes of history and the injected faults' alerts fire (ECC: for 1m)."""
+    url = grafana_url(DATA_HOST) + "/api/datasources/proxy/uid/hpcobs-vm"
     conditions = [
         "min(count_over_time(hpc_job:hpcobs_gpu_hours:increase24h[10m])) >= 24",
         "min(count_over_time(account:hpcobs_gpu_power_watts:sum[10m])) >= 24",

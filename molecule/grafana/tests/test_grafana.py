@@ -9,7 +9,7 @@ import pytest
 import hostchecks
 
 from grafana_lib import (COMMUNITY, DATA_HOST, OUR_DASHBOARDS, PORTS, ROOT, SITE_PASSWORD, api, admin_password,
-                         bundle_manifest)
+                         bundle_manifest, credential, pki)
 
 sys.path.insert(0, "%s/tests/dashboards" % ROOT)
 import queries  # noqa: E402
@@ -106,10 +106,48 @@ def test_grafana_ini_reads_the_secrets_from_files(host):
     assert "secret_key = $__file{/etc/grafana/secret_key}" in ini
     assert "http_port = %d" % PORTS[host.backend.name] in ini
     assert "reporting_enabled = false" in ini and "check_for_updates = false" in ini
+    # the security switch is on: HTTPS with the host's certificate, /metrics behind the grafana-client credential
+    for line in ("protocol = https", "cert_file = /etc/grafana/tls/server.crt", "cert_key = /etc/grafana/tls/server.key",
+                 "min_tls_version = TLS1.2", "cookie_secure = true", "basic_auth_username = hpcobs",
+                 "basic_auth_password = $__file{/etc/grafana/tls/grafana-client}"):
+        assert line in ini.splitlines(), line
+
+
+# what the tls tasks install (roles/service tasks_from: tls): the CA and certificate readable, the key and the
+# credentials for root and the grafana group only
+TLS_FILES = {"ca.crt": 0o644, "server.crt": 0o644, "server.key": 0o640, "grafana-client": 0o640,
+             "victoriametrics-client": 0o640}
+
+
+def test_tls_files_and_credentials(host):
+    tls = host.file("/etc/grafana/tls")
+    assert (tls.user, tls.group, tls.mode) == ("root", "grafana", 0o750)
+    assert sorted(host.check_output("ls /etc/grafana/tls").split()) == sorted(TLS_FILES)
+    for name, mode in TLS_FILES.items():
+        item = host.file("/etc/grafana/tls/%s" % name)
+        assert (item.user, item.group, item.mode) == ("root", "grafana", mode), name
+    # the files are the site PKI's: the host's own certificate, the CA and the credentials of the controller
+    with open(pki("ca.crt"), encoding="utf-8") as handle:
+        assert host.file("/etc/grafana/tls/ca.crt").content_string.strip() == handle.read().strip()
+    with open(pki("hosts/%s.crt" % host.backend.name), encoding="utf-8") as handle:
+        assert host.file("/etc/grafana/tls/server.crt").content_string.strip() == handle.read().strip()
+    for name in ("grafana-client", "victoriametrics-client"):
+        assert host.file("/etc/grafana/tls/%s" % name).content_string.strip() == credential(name)
+
+
+def test_datasource_provisioning_file_holds_no_secret(host):
+    provisioning = host.file("/etc/grafana/provisioning/datasources/hpcobs.yaml")
+    assert (provisioning.user, provisioning.group, provisioning.mode) == ("root", "grafana", 0o640)
+    text = provisioning.content_string
+    # the secrets by reference: Grafana reads the credential and the CA from their files ($__file{})
+    assert "basicAuthPassword: $__file{/etc/grafana/tls/victoriametrics-client}" in text
+    assert "tlsCACert: $__file{/etc/grafana/tls/ca.crt}" in text
+    assert credential("victoriametrics-client") not in text and "BEGIN CERTIFICATE" not in text
 
 
 def test_secrets_are_nowhere_else(host):
-    secrets = [admin_password(host), host.file("/etc/grafana/secret_key").content_string]
+    secrets = [admin_password(host), host.file("/etc/grafana/secret_key").content_string,
+               credential("victoriametrics-client"), credential("grafana-client")]
     pid = main_pid(host)
     places = {
         "systemctl show": host.check_output("systemctl show grafana"),
@@ -157,12 +195,18 @@ def test_datasources(host):
     assert set(by_uid) == {"hpcobs-vm", "hpcobs-loki", "hpcobs-am"}
     vm, loki, am = by_uid["hpcobs-vm"], by_uid["hpcobs-loki"], by_uid["hpcobs-am"]
     # the data host's Grafana reads its own services by default; the other one is given the data host's URLs
-    base = "http://127.0.0.1" if host.backend.name == DATA_HOST else "http://%s" % DATA_HOST
-    assert (vm["type"], vm["url"], vm["isDefault"]) == ("prometheus", base + ":8428", True)
+    base = "127.0.0.1" if host.backend.name == DATA_HOST else DATA_HOST
+    # VictoriaMetrics is secured (tls: true in the components map): https, the client user and its credential, the
+    # site CA; Loki and Alertmanager are not secured in this release and stay as they were
+    assert (vm["type"], vm["url"], vm["isDefault"]) == ("prometheus", "https://%s:8428" % base, True)
     assert vm["jsonData"]["timeInterval"] == "15s" and vm["jsonData"]["httpMethod"] == "POST"
-    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", base + ":3100", False)
-    assert (am["type"], am["url"]) == ("alertmanager", base + ":9093")
+    assert (vm["basicAuth"], vm["basicAuthUser"], vm["jsonData"]["tlsAuthWithCACert"]) == (True, "hpcobs", True)
+    assert vm["secureJsonFields"] == {"basicAuthPassword": True, "tlsCACert": True}
+    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", "http://%s:3100" % base, False)
+    assert (am["type"], am["url"]) == ("alertmanager", "http://%s:9093" % base)
     assert am["jsonData"]["implementation"] == "prometheus"
+    for plain in (loki, am):
+        assert plain["basicAuth"] is False and plain["secureJsonFields"] == {}
     assert all(d["readOnly"] and d["editable"] is False for d in datasources)
 
 

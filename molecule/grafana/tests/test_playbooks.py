@@ -11,7 +11,8 @@ from grafana_lib import PORTS, SITE_PASSWORD, api, host_named, run_playbook, tas
 
 WATCHED = ["/etc/grafana/grafana.ini", "/etc/grafana/admin_password", "/etc/grafana/secret_key",
            "/etc/grafana/provisioning/datasources/hpcobs.yaml", "/etc/grafana/provisioning/dashboards/hpcobs.yaml",
-           "/etc/systemd/system/grafana.service", "/var/lib/grafana/grafana.db"]
+           "/etc/systemd/system/grafana.service", "/var/lib/grafana/grafana.db", "/etc/grafana/tls/server.key",
+           "/etc/grafana/tls/victoriametrics-client", "/etc/grafana/tls/grafana-client"]
 
 
 def checksums(host):
@@ -56,6 +57,9 @@ def test_bad_inputs_are_refused_before_anything_changes(damaged_bundle):
     refusals = task_results(report, "Report the refusals")[0]["_refusals | default({})"]
     assert "is in the gpu_nodes group" in refusals["gpu_node"]
     assert "must not set [paths], the admin user or password" in refusals["ini_password"]
+    assert "the server's address, port, protocol, certificate and TLS version" in refusals["ini_protocol"]
+    assert "VictoriaMetrics (victoriametrics) at http://grafana-debian12:8428" in refusals["http_datasource"]
+    assert "over plain HTTP" in refusals["http_datasource"]
     assert "grafana_http_port 1-65535 (got 70000)" in refusals["port"]
     assert "names and uids must be unique" in refusals["duplicate_uid"]
     assert "community dashboard hpcobs-test-synthetic" in refusals["damaged_dashboard"]
