@@ -35,6 +35,18 @@ def test_sans_name_the_host_every_way_it_is_reached_once():
         service.pki_sans("x", {"x": {"hpcobs_address": "a,DNS:evil"}})
 
 
+def test_hosts_of_a_component_with_a_peer_name_carry_it():
+    """Alertmanager's gossip peers verify the name of files/components.yml (they dial each other by IP address):
+    the certificates of the management hosts carry it, a GPU node's does not."""
+    hostvars = {"m1": {"group_names": ["management"], "hpcobs_address": "10.0.0.1"},
+                "g1": {"group_names": ["gpu_nodes"]}}
+    name = service.load_components()["alertmanager"]["peer_name"]
+    assert service.peer_names("m1", hostvars) == [name]
+    assert service.pki_sans("m1", hostvars) == ["m1", "10.0.0.1", "127.0.0.1", "localhost", name]
+    assert service.peer_names("g1", hostvars) == [] and name not in service.pki_sans("g1", hostvars)
+    assert service.peer_names("absent", hostvars) == []
+
+
 def test_san_entries_tell_addresses_from_names():
     assert pki.san_entries(["gpu01", "10.0.0.1", "fd00::2", "localhost"]) == [
         "DNS:gpu01", "IP:10.0.0.1", "IP:fd00::2", "DNS:localhost"]
