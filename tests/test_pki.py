@@ -145,3 +145,21 @@ def test_bad_host_names_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="cannot be a certificate file name"):
         pki.ensure(str(tmp_path / "pki"), {"../x": ["x"]}, 397, 30, 3650, "/CN=x")
     assert not (tmp_path / "pki").exists()
+
+
+def test_cert_names_reads_a_sites_own_certificate(tmp_path):
+    """What the Alertmanager preflight checks a site's own certificate (hpcobs_tls_cert_file) against."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tmp_path / "k"), "-out", str(tmp_path / "c"), "-days", "1", "-subj", "/CN=m1",
+                    "-addext", "subjectAltName=DNS:m1,DNS:alertmanager-gossip.hpcobs.invalid,IP:10.0.0.1"],
+                   check=True, capture_output=True)
+    assert service.cert_names(str(tmp_path / "c")) == ["m1", "alertmanager-gossip.hpcobs.invalid", "10.0.0.1"]
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tmp_path / "k2"), "-out", str(tmp_path / "bare"), "-days", "1", "-subj", "/CN=x"],
+                   check=True, capture_output=True)
+    assert service.cert_names(str(tmp_path / "bare")) == []
+    with pytest.raises(service.AnsibleFilterError, match="cannot read the certificate"):
+        service.cert_names(str(tmp_path / "absent.crt"))
+    (tmp_path / "junk").write_text("not a certificate")
+    with pytest.raises(service.AnsibleFilterError, match="cannot read the certificate"):
+        service.cert_names(str(tmp_path / "junk"))
