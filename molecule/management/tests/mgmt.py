@@ -45,7 +45,9 @@ _FETCH = (
     "try:\n"
     "  resp=urllib.request.urlopen(req,timeout=20,context=ctx); code,body=resp.status,resp.read()\n"
     "except urllib.error.HTTPError as err:\n"
-    "  code,body=err.code,err.read()\n"
+    "  code=err.code\n"
+    "  try: body=err.read()\n"
+    "  except OSError: body=b''\n"  # a server refusing a request may close before its body is read
     "except OSError as err:\n"
     "  code,body=0,str(err).encode()\n"
     "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n"

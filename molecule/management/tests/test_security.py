@@ -157,8 +157,10 @@ def test_a_certificate_due_is_renewed_and_served():
     result = run_role("pki", {"pki_renew_days": 398, "pki_cert_days": 800})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "changed: [%s -> localhost]" % MANAGEMENT[0] in result.stdout, result.stdout[-3000:]
-    result = run_role("victoriametrics")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    # every role serving the host certificate installs the renewed one (Alertmanager too: else its next run would)
+    for role in ("victoriametrics", "alertmanager"):
+        result = run_role(role)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     served = ("import ssl,sys;sys.stdout.write(ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert("
               "ssl.get_server_certificate(('127.0.0.1',8428)))))")
     for name in MANAGEMENT:
@@ -167,6 +169,8 @@ def test_a_certificate_due_is_renewed_and_served():
         pem = host(name).check_output("python3 -c \"%s\"" % served)
         assert pem.split() == new.split()
         assert http(HELPER, "https://%s:8428/health" % name, ca=CA) == (200, "OK")
+        assert host(name).file(AM_TLS + "/server.crt").content_string == new
+        assert http(name, AM + "/-/ready", **AM_AUTH)[0] == 200
 
 
 # --- Alertmanager (HTTPS, basic auth of the client credential alertmanager-client, mutual TLS on the gossip) -------
