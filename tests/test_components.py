@@ -214,13 +214,14 @@ def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
-    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "grafana"]
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "alertmanager", "grafana"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
         "https://m1:8428", "http://m2:8428", "http://m3:8428"]
+    assert service.component_urls(["m1", "m2"], "alertmanager", secured) == ["https://m1:9093", "http://m2:9093"]
     # components not secured yet stay http; an explicit scheme still wins
-    assert service.component_url("alertmanager", secured, "m1") == "http://m1:9093"
+    assert service.component_url("vmalert", secured, "m1") == "http://m1:8880"
     assert service.component_url("victoriametrics", secured, "m1", scheme="http") == "http://m1:8428"
     with pytest.raises(service.AnsibleFilterError, match="true or false"):
         service.component_scheme("victoriametrics", {"x": {"hpcobs_security": "maybe"}}, "x")
@@ -245,6 +246,16 @@ def test_tls_key_of_the_map_is_checked():
     data = {"format": 1, "components": {"a": {"port": 1, "listen": {"address": "v"}, "groups": ["g"], "tls": "yes"}}}
     with pytest.raises(service.AnsibleFilterError, match="tls must be true or false"):
         service.check_components(data)
+
+
+def test_peer_name_of_the_map_is_checked():
+    def entry(**extra):
+        return {"format": 1, "components": {"a": dict({"port": 1, "listen": {"address": "v"}, "groups": ["g"]}, **extra)}}
+    assert service.check_components(entry(tls=True, peer_name="a-gossip.site.invalid"))
+    for bad in (entry(peer_name="a.invalid"), entry(tls=True, peer_name="nodot"), entry(tls=True, peer_name="a,b.c"),
+                entry(tls=True, peer_name=["a.b"])):
+        with pytest.raises(service.AnsibleFilterError, match="peer_name must be a DNS name"):
+            service.check_components(bad)
 
 
 def test_pki_paths_stay_inside_the_pki_directory():

@@ -47,6 +47,10 @@ PREFLIGHT_CASES = {
     "tenant_without_auth": ({"loki_rules_tenant": "site"}, '"fake" while loki_auth_enabled is false'),
     "am_not_url": ({"loki_alertmanager_urls": ["mgmt01:9093"]}, "list of http(s) base URLs"),
     "am_string": ({"loki_alertmanager_urls": "http://mgmt01:9093"}, "list of http(s) base URLs"),
+    # a secured Alertmanager (hpcobs_security) refuses plain HTTP: the ruler must reach it at https://
+    "good_am_secured": ({"hpcobs_security": True, "loki_alertmanager_urls": ["https://mgmt01:9093"]}, None),
+    "am_http_secured": ({"hpcobs_security": True, "loki_alertmanager_urls": ["https://a:9093", "http://mgmt01:9093"]},
+                        "all https:// with hpcobs_security on"),
     "schema_unsorted": ({"loki_schema_configs": [{"from": "2026-01-01"}, {"from": "2025-01-01"}]},
                         "increasing date order"),
     "bad_severity": ({"loki_rule_groups": [{"name": "g", "rules": [dict(GOOD_GROUPS[0]["rules"][0],

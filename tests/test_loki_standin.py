@@ -505,3 +505,78 @@ def test_the_ruler_posts_firing_alerts_to_alertmanager(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         receiver.shutdown()
+
+
+def _ca_and_server_cert(directory: Path, name: str) -> tuple[Path, Path, Path]:
+    """A CA of its own and a certificate for 127.0.0.1 signed by it (the real openssl), as (ca, cert, key)."""
+    directory.mkdir()
+    run = lambda *args: subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
+        "-out", "ca.crt", "-days", "2", "-subj", "/CN=%s" % name)
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key", "-out",
+        "server.csr", "-subj", "/CN=am")
+    (directory / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "server.crt", "-days", "2", "-extfile", "ext")
+    return directory / "ca.crt", directory / "server.crt", directory / "server.key"
+
+
+@pytest.mark.parametrize("client,ok,message", [
+    ({"basic_auth_username": "hpcobs", "basic_auth_password": "pw"}, True, ""),
+    ({"tls_ca_path": "CA", "basic_auth_username": "hpcobs", "basic_auth_password": "pw"}, True, ""),
+    ({"tls_ca_path": "CA", "basic_auth_username": "hpcobs", "tls_server_name": "am"}, False, "not implemented"),
+    ({"tls_ca_path": "CA", "tls_cipher_suites": "TLS_AES_128_GCM_SHA256"}, False, "not implemented"),
+    ({"tls_min_version": "TLS12"}, False, "unknown TLS version"),
+    ({"tls_min_version": "VersionTLS13"}, True, ""),
+    ({"tls_cert_path": "/x.crt"}, False, "tls_cert_path and tls_key_path go together"),
+    ({"basic_auth_passwd": "pw"}, False, "field basic_auth_passwd not found"),
+    ({"tls_insecure_skip_verify": "no"}, False, "into bool"),
+])
+def test_verify_config_of_the_alertmanager_client(client, ok, message):
+    errors = loki.verify_config(mutate(("ruler", "alertmanager_client"), client))
+    assert (errors == []) if ok else any(message in error for error in errors), errors
+
+
+def test_the_notifier_presents_the_client_settings_over_https(tmp_path):
+    """ruler.alertmanager_client as Loki's ruler uses it: the CA of tls_ca_path verifies the Alertmanager (another
+    CA fails the handshake and nothing is sent), basic_auth_* are sent (over the URL's user info)."""
+    import http.server
+    import ssl
+    import threading
+    ca, cert, key = _ca_and_server_cert(tmp_path / "site", "site CA")
+    other_ca, _, _ = _ca_and_server_cert(tmp_path / "other", "another CA")
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            received.append((self.path, self.headers.get("Authorization"),
+                             json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = "https://ruler:urlpw@127.0.0.1:%d/" % server.server_address[1]
+    alert = {"labels": {"alertname": "X"}, "annotations": {}, "since": time.time_ns()}
+    try:
+        loki.notify([url], [alert], {"tls_ca_path": str(other_ca), "basic_auth_username": "hpcobs",
+                                     "basic_auth_password": "pw"})
+        assert received == []
+        loki.notify([url], [alert], {"tls_ca_path": str(ca), "basic_auth_username": "hpcobs",
+                                     "basic_auth_password": "pw"})
+        loki.notify([url], [alert], {"tls_ca_path": str(ca)})
+        assert [(path, auth) for path, auth, _ in received] == [
+            ("/api/v2/alerts", "Basic aHBjb2JzOnB3"),  # hpcobs:pw, the config over the URL's user info
+            ("/api/v2/alerts", "Basic cnVsZXI6dXJscHc=")]  # ruler:urlpw, the URL's
+        assert received[0][2][0]["labels"] == {"alertname": "X"}
+        # a CA file that cannot be read: nothing is sent (as Loki fails to build the client)
+        loki.notify([url], [alert], {"tls_ca_path": str(tmp_path / "missing.crt")})
+        assert len(received) == 2
+    finally:
+        server.shutdown()

@@ -35,6 +35,18 @@ def test_sans_name_the_host_every_way_it_is_reached_once():
         service.pki_sans("x", {"x": {"hpcobs_address": "a,DNS:evil"}})
 
 
+def test_hosts_of_a_component_with_a_peer_name_carry_it():
+    """Alertmanager's gossip peers verify the name of files/components.yml (they dial each other by IP address):
+    the certificates of the management hosts carry it, a GPU node's does not."""
+    hostvars = {"m1": {"group_names": ["management"], "hpcobs_address": "10.0.0.1"},
+                "g1": {"group_names": ["gpu_nodes"]}}
+    name = service.load_components()["alertmanager"]["peer_name"]
+    assert service.peer_names("m1", hostvars) == [name]
+    assert service.pki_sans("m1", hostvars) == ["m1", "10.0.0.1", "127.0.0.1", "localhost", name]
+    assert service.peer_names("g1", hostvars) == [] and name not in service.pki_sans("g1", hostvars)
+    assert service.peer_names("absent", hostvars) == []
+
+
 def test_san_entries_tell_addresses_from_names():
     assert pki.san_entries(["gpu01", "10.0.0.1", "fd00::2", "localhost"]) == [
         "DNS:gpu01", "IP:10.0.0.1", "IP:fd00::2", "DNS:localhost"]
@@ -133,3 +145,21 @@ def test_bad_host_names_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match="cannot be a certificate file name"):
         pki.ensure(str(tmp_path / "pki"), {"../x": ["x"]}, 397, 30, 3650, "/CN=x")
     assert not (tmp_path / "pki").exists()
+
+
+def test_cert_names_reads_a_sites_own_certificate(tmp_path):
+    """What the Alertmanager preflight checks a site's own certificate (hpcobs_tls_cert_file) against."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tmp_path / "k"), "-out", str(tmp_path / "c"), "-days", "1", "-subj", "/CN=m1",
+                    "-addext", "subjectAltName=DNS:m1,DNS:alertmanager-gossip.hpcobs.invalid,IP:10.0.0.1"],
+                   check=True, capture_output=True)
+    assert service.cert_names(str(tmp_path / "c")) == ["m1", "alertmanager-gossip.hpcobs.invalid", "10.0.0.1"]
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(tmp_path / "k2"), "-out", str(tmp_path / "bare"), "-days", "1", "-subj", "/CN=x"],
+                   check=True, capture_output=True)
+    assert service.cert_names(str(tmp_path / "bare")) == []
+    with pytest.raises(service.AnsibleFilterError, match="cannot read the certificate"):
+        service.cert_names(str(tmp_path / "absent.crt"))
+    (tmp_path / "junk").write_text("not a certificate")
+    with pytest.raises(service.AnsibleFilterError, match="cannot read the certificate"):
+        service.cert_names(str(tmp_path / "junk"))

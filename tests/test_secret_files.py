@@ -26,12 +26,15 @@ SECRET_FILES = {
     ("grafana", "Provision the datasources"):
         "secureJsonData of grafana_datasources_extra (passwords, tokens); the role's own credentials are $__file{}",
     ("ipmi_exporter", "Write the ipmi_exporter configuration"): "BMC user names and passwords of the modules",
-    ("loki", "Write the Loki configuration"): "object-store keys in loki_config_overrides",
+    ("loki", "Write the Loki configuration"):
+        "object-store keys in loki_config_overrides; the ruler's Alertmanager password under hpcobs_security",
     ("promtail", "Write the Promtail configuration"): "basic-auth passwords of clients in promtail_config_overrides",
     ("victoriametrics", "Write the scrape configuration (checked by victoria-metrics -promscrape.config.dryRun first)"):
         "basic-auth passwords and bearer tokens of scrape jobs",
     ("service", "Install the key of {{ service_name }}"): "the host's TLS private key (tasks_from: tls)",
     ("service", "Install the credentials of {{ service_name }}"): "the site PKI's generated credentials (tasks_from: tls)",
+    ("service", "Write the web configuration of {{ service_name }}"):
+        "the bcrypt hash of a generated credential (tasks_from: web_config)",
 }
 
 

@@ -49,8 +49,7 @@ OVERRIDES = {
 }
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
+def render(tmp_path_factory, extra=None):
     work = tmp_path_factory.mktemp("victoriametrics")
     out = work / "etc"
     (work / "inventory.yml").write_text(yaml.safe_dump(INVENTORY))
@@ -70,6 +69,9 @@ def rendered(tmp_path_factory):
              "loop": "{{ _victoriametrics_jobs }}"},
             {"name": "Scrape configuration", "ansible.builtin.template": {
                 "src": str(ROLE / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
+            {"name": "Credentials the role installs", "ansible.builtin.copy": {
+                "content": "{{ (['victoriametrics-client', 'victoriametrics-admin'] + _victoriametrics_scrape_credentials)"
+                           " | to_json }}", "dest": str(out / "credentials.json"), "mode": "0644"}},
         ],
     }]
     (work / "render.yml").write_text(yaml.safe_dump(playbook))
@@ -77,11 +79,23 @@ def rendered(tmp_path_factory):
     command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
                str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out),
                                                            "victoriametrics_scrape_jobs_overrides": OVERRIDES,
-                                                           "hpcobs_components_disabled": ["promtail"]})]
+                                                           "hpcobs_components_disabled": ["promtail"],
+                                                           **(extra or {})})]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return render(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """The same site with the security switch on (grafana's job keeps its own scheme)."""
+    return render(tmp_path_factory, {"hpcobs_security": True})
 
 
 def targets(rendered: Path, job: str) -> list[dict]:
@@ -172,3 +186,20 @@ def test_argument_specs_match_the_defaults():
     for name, spec in options.items():
         assert spec["default"] == defaults[name], name
         assert spec.get("description"), name
+
+
+def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(rendered, secured):
+    jobs = {job["job_name"]: job for job in yaml.safe_load((secured / "scrape.yml").read_text())["scrape_configs"]}
+    tls = str(secured / "tls")
+    assert jobs["victoriametrics"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/victoriametrics-client"}
+    # every other component marked tls: true in files/components.yml: the site CA and <component>-client
+    assert jobs["alertmanager"]["scheme"] == "https"
+    assert jobs["alertmanager"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
+    assert jobs["alertmanager"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/alertmanager-client"}
+    assert "basic_auth" not in jobs["node"] and jobs["node"].get("scheme", "http") == "http"
+    assert json.loads((secured / "credentials.json").read_text()) == [
+        "victoriametrics-client", "victoriametrics-admin", "alertmanager-client"]
+    # switch off: no credential beyond VictoriaMetrics' own, no basic auth anywhere
+    assert json.loads((rendered / "credentials.json").read_text()) == ["victoriametrics-client", "victoriametrics-admin"]
+    assert not any("basic_auth" in job for job in
+                   yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"])

@@ -98,7 +98,8 @@ def systemd_word(word):
 # --- The components map (files/components.yml) -------------------------------------------------------------------
 
 COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
-_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls"}
+_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls", "peer_name"}
+_DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$")
 _LOG_SHIPPERS = ("promtail", "alloy")
 _loaded = {}  # path: (components, shared facts), read and checked once per file
 
@@ -155,6 +156,9 @@ def check_components(data, where="components map"):
             problems.append("%s: listen and scrape_job need a port" % name)
         if "tls" in entry and (not isinstance(entry["tls"], bool) or "port" not in entry):
             problems.append("%s: tls must be true or false, on a component with a port" % name)
+        if "peer_name" in entry and not (entry.get("tls") is True and isinstance(entry["peer_name"], str)
+                                         and _DNS_NAME.match(entry["peer_name"])):
+            problems.append("%s: peer_name must be a DNS name with a dot, on a component with tls: true" % name)
         groups = entry.get("groups")
         if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
             problems.append("%s: groups must be a non-empty list of group names" % name)
@@ -177,6 +181,28 @@ def _entry(name, components=None):
         known = ", ".join(sorted(key for key, value in components.items() if "port" in value))
         raise AnsibleFilterError("%r is not a component with a port (known: %s)" % (name, known))
     return components[name]
+
+
+def component_peer_name(name, components=None):
+    """The peer_name of a component (the DNS name its peers verify, carried by its hosts' certificates), or ""."""
+    return _entry(name, components).get("peer_name", "")
+
+
+def cert_names(path):
+    """The subject alternative names (DNS names and IP addresses, as text) of a PEM certificate on the controller:
+    what a preflight checks a site's own certificate against."""
+    try:
+        from cryptography import x509
+        with open(os.path.expanduser(str(path)), "rb") as handle:
+            cert = x509.load_pem_x509_certificate(handle.read())
+    except (OSError, ValueError) as exc:
+        raise AnsibleFilterError("cannot read the certificate %s: %s" % (path, exc))
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [str(name) for name in sans.get_values_for_type(x509.DNSName)] + [
+        str(address) for address in sans.get_values_for_type(x509.IPAddress)]
 
 
 def component_port(name, components=None):
@@ -321,13 +347,23 @@ def pki_path(relative="", pki_dir=""):
     return os.path.join(base, relative) if relative else base
 
 
-def pki_sans(host, hostvars):
+def peer_names(host, hostvars, components=None):
+    """The peer_name of every component (files/components.yml) whose groups the host is in (its group_names)."""
+    components = load_components() if components is None else components
+    hv = hostvars[host] if host in hostvars else {}
+    groups = set(hv.get("group_names") or [])
+    return [entry["peer_name"] for _, entry in sorted(components.items())
+            if entry.get("peer_name") and groups & set(entry.get("groups") or [])]
+
+
+def pki_sans(host, hostvars, components=None):
     """Subject alternative names of a host's certificate: its inventory name, ansible_host, the address the
-    other hosts reach it at (host_address), then 127.0.0.1 and localhost (clients on the host itself), each once,
-    IPv6 addresses without brackets."""
+    other hosts reach it at (host_address), then 127.0.0.1 and localhost (clients on the host itself), then the
+    peer_name of each component the host's groups run (peer_names), each once, IPv6 addresses without brackets."""
     hv = hostvars[host] if host in hostvars else {}
     names = []
-    for value in (host, hv.get("ansible_host"), host_address(host, hostvars), "127.0.0.1", "localhost"):
+    for value in [host, hv.get("ansible_host"), host_address(host, hostvars), "127.0.0.1", "localhost"] + peer_names(
+            host, hostvars, components):
         value = str(value or "").strip()
         if value.startswith("[") and value.endswith("]"):
             value = value[1:-1]
@@ -489,6 +525,8 @@ class FilterModule:
             "hpcobs_component_listen": component_listen,
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,
+            "hpcobs_cert_names": cert_names,
+            "hpcobs_component_peer_name": component_peer_name,
             "hpcobs_component_port": component_port,
             "hpcobs_component_scheme": component_scheme,
             "hpcobs_component_url": component_url,
@@ -497,6 +535,7 @@ class FilterModule:
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_peer_names": peer_names,
             "hpcobs_pki_hosts_sans": pki_hosts_sans,
             "hpcobs_pki_path": pki_path,
             "hpcobs_pki_sans": pki_sans,

@@ -25,6 +25,10 @@ SCENARIO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VM = "https://127.0.0.1:8428"
 VM_TLS = "/etc/victoriametrics/tls"
 VM_AUTH = {"ca": VM_TLS + "/ca.crt", "user": "hpcobs", "password_file": VM_TLS + "/victoriametrics-client"}
+# Alertmanager too (HTTPS, basic auth): on a management host vmalert holds the client credential.
+AM = "https://127.0.0.1:9093"
+AM_TLS = "/etc/alertmanager/tls"
+AM_AUTH = {"ca": AM_TLS + "/ca.crt", "user": "hpcobs", "password_file": "/etc/vmalert/tls/alertmanager-client"}
 
 # argv: url, data (base64 or -), method, CA file, user, password file, client certificate, client key, file of an
 # authKey query argument (- for none)
@@ -41,7 +45,9 @@ _FETCH = (
     "try:\n"
     "  resp=urllib.request.urlopen(req,timeout=20,context=ctx); code,body=resp.status,resp.read()\n"
     "except urllib.error.HTTPError as err:\n"
-    "  code,body=err.code,err.read()\n"
+    "  code=err.code\n"
+    "  try: body=err.read()\n"
+    "  except OSError: body=b''\n"  # a server refusing a request may close before its body is read
     "except OSError as err:\n"
     "  code,body=0,str(err).encode()\n"
     "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n"
@@ -66,17 +72,23 @@ def http(name, url, data=None, method=None, ca=None, user=None, password_file=No
     return int(status), body
 
 
+def own_auth(url, auth):
+    """auth, else the CA and credential a management host uses for a URL of its VictoriaMetrics or Alertmanager."""
+    if auth:
+        return auth
+    return VM_AUTH if url.startswith(VM) else AM_AUTH if url.startswith(AM) else {}
+
+
 def get_json(name, url, **auth):
-    """JSON of a GET that must answer 200; a URL of VictoriaMetrics (VM) carries its CA and credential."""
-    if url.startswith(VM) and not auth:
-        auth = VM_AUTH
-    status, body = http(name, url, **auth)
+    """JSON of a GET that must answer 200; a URL of VictoriaMetrics (VM) or Alertmanager (AM) carries its CA and
+    credential."""
+    status, body = http(name, url, **own_auth(url, auth))
     assert status == 200, "%s from %s: HTTP %d %s" % (url, name, status, body[:300])
     return json.loads(body)
 
 
-def post_json(name, url, obj, method="POST"):
-    return http(name, url, json.dumps(obj), method)
+def post_json(name, url, obj, method="POST", **auth):
+    return http(name, url, json.dumps(obj), method, **own_auth(url, auth))
 
 
 def query(name, expr):

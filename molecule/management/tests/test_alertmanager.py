@@ -1,9 +1,13 @@
-"""Alertmanager as converged by the role: configuration, secrets, routing, cluster, persisted silences."""
+"""Alertmanager as converged by the role: configuration, secrets, routing, cluster, persisted silences, and with the
+site's security switch on (this scenario) its web configuration and the gossip's mutual TLS."""
+import os
+
+import bcrypt
 import pytest
 import yaml
 
 from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
-from mgmt import MANAGEMENT, get_json
+from mgmt import AM, MANAGEMENT, get_json
 from polling import wait_for
 
 testinfra_hosts = ["management"]
@@ -50,14 +54,41 @@ def test_cluster_flags_name_the_other_host(host):
     assert "--cluster.listen-address=%s:9094" % address in args
     assert "--cluster.advertise-address=%s:9094" % address in args
     assert "--storage.path=/var/lib/alertmanager" in args
-    assert "--web.external-url=http://%s:9093" % name in args
+    assert "--web.external-url=https://%s:9093" % name in args
+
+
+def test_security_flags_and_files(host):
+    """HTTPS and basic auth from the web configuration (the password's bcrypt hash only), mutual TLS on the gossip,
+    every file private to root and the service's group."""
+    args = cmdline(host, "alertmanager")
+    assert "--web.config.file=/etc/alertmanager/web.yml" in args
+    assert "--cluster.tls-config=/etc/alertmanager/cluster-tls.yml" in args
+    for path, mode in (("/etc/alertmanager/web.yml", 0o640), ("/etc/alertmanager/cluster-tls.yml", 0o640),
+                       ("/etc/alertmanager/tls/server.key", 0o640), ("/etc/alertmanager/tls/server.crt", 0o644),
+                       ("/etc/alertmanager/tls/ca.crt", 0o644), ("/etc/alertmanager/tls", 0o750)):
+        info = host.file(path)
+        assert (info.user, info.group, info.mode) == ("root", "alertmanager", mode), path
+    password = open(os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "pki", "credentials",
+                                 "alertmanager-client"), encoding="utf-8").read().strip()
+    web = host.file("/etc/alertmanager/web.yml").content_string
+    assert password not in web and password not in " ".join(args)
+    assert password not in host.check_output("systemctl cat alertmanager")
+    config = yaml.safe_load(web)
+    assert config["tls_server_config"]["cert_file"] == "/etc/alertmanager/tls/server.crt"
+    assert list(config["basic_auth_users"]) == ["hpcobs"]
+    assert bcrypt.checkpw(password.encode(), config["basic_auth_users"]["hpcobs"].encode())
+    gossip = yaml.safe_load(host.file("/etc/alertmanager/cluster-tls.yml").content_string)
+    assert gossip["tls_server_config"]["client_auth_type"] == "RequireAndVerifyClientCert"
+    assert gossip["tls_server_config"]["client_allowed_sans"] == [gossip["tls_client_config"]["server_name"]]
+    assert gossip["tls_client_config"]["ca_file"] == "/etc/alertmanager/tls/ca.crt"
 
 
 def test_cluster_has_both_peers(host):
+    """Both peers in the cluster: the gossip runs over mutual TLS here (test_security proves what it refuses)."""
     name = host.check_output("hostname")
 
     def ready():
-        cluster = get_json(name, "http://127.0.0.1:9093/api/v2/status")["cluster"]
+        cluster = get_json(name, AM + "/api/v2/status")["cluster"]
         return cluster if cluster["status"] == "ready" and len(cluster["peers"]) == 2 else None
     cluster = wait_for("a ready cluster of 2 peers", ready, timeout=60)
     # each peer is known at its own address: this host's and the other one's
@@ -68,10 +99,11 @@ def test_cluster_has_both_peers(host):
 def test_gossip_listens_on_the_own_address_only(host):
     name = host.check_output("hostname")
     address = own_address(host, name)
-    # TCP and UDP (memberlist), as `ss` sees them in the container: the own address, nothing on 0.0.0.0 or [::]
+    # as `ss` sees them in the container: the own address, nothing on 0.0.0.0 or [::]. With the security switch on
+    # (this scenario) the gossip is TLS, which carries memberlist's packets over TCP too: no UDP listener at all.
     sockets = host.check_output("ss -H -ltun 'sport = :9094'").splitlines()
     local = sorted((line.split()[0], line.split()[4]) for line in sockets)
-    assert local == [("tcp", "%s:9094" % address), ("udp", "%s:9094" % address)], sockets
+    assert local == [("tcp", "%s:9094" % address)], sockets
     assert not host.socket("tcp://0.0.0.0:9094").is_listening
     assert not host.socket("udp://0.0.0.0:9094").is_listening
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from mgmt import HELPER, MANAGEMENT, SERIES_DIR, get_json, host, main_pid, notifications, post_json, query, write_file
+from mgmt import AM, HELPER, MANAGEMENT, SERIES_DIR, get_json, host, main_pid, notifications, post_json, query, write_file
 from polling import wait_for
 
 # Alerts reach the webhook within: `for` (15 s) + rule interval (5 s) + evaluation/latency offsets (2 s) + pushes
@@ -101,7 +101,7 @@ def described(sent):
 
 
 def cluster_ready(name):
-    cluster = get_json(name, "http://127.0.0.1:9093/api/v2/status")["cluster"]
+    cluster = get_json(name, AM + "/api/v2/status")["cluster"]
     return cluster["status"] == "ready" and len(cluster["peers"]) == len(MANAGEMENT)
 
 
@@ -258,9 +258,9 @@ def test_critical_inhibits_warning_of_the_same_gpu():
     common = {"alertname": "HpcobsE2eInhibitProbe", "node": "probe01", "gpu": "0", "audience": "ops"}
     alerts = [{"labels": dict(common, severity=severity), "endsAt": ends} for severity in ("critical", "warning")]
     alerts.append({"labels": dict(common, severity="warning", gpu="1"), "endsAt": ends})
-    status, body = post_json(MANAGEMENT[0], "http://127.0.0.1:9093/api/v2/alerts", alerts)
+    status, body = post_json(MANAGEMENT[0], AM + "/api/v2/alerts", alerts)
     assert status == 200, body
-    url = "http://127.0.0.1:9093/api/v2/alerts?filter=alertname%3D%22HpcobsE2eInhibitProbe%22"
+    url = AM + "/api/v2/alerts?filter=alertname%3D%22HpcobsE2eInhibitProbe%22"
 
     def states():
         found = get_json(MANAGEMENT[0], url)
@@ -283,9 +283,9 @@ def test_node_down_inhibits_that_nodes_gpu_alerts():
         {"labels": {"alertname": "HpcobsGpuTemperatureCritical", "node": "probe03", "gpu": "3",
                     "severity": "critical", "audience": "ops"}, "endsAt": ends},
     ]
-    status, body = post_json(MANAGEMENT[1], "http://127.0.0.1:9093/api/v2/alerts", alerts)
+    status, body = post_json(MANAGEMENT[1], AM + "/api/v2/alerts", alerts)
     assert status == 200, body
-    url = "http://127.0.0.1:9093/api/v2/alerts?filter=node%3D~%22probe0%5B23%5D%22"
+    url = AM + "/api/v2/alerts?filter=node%3D~%22probe0%5B23%5D%22"
 
     def states():
         found = get_json(MANAGEMENT[1], url)

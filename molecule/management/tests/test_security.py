@@ -1,7 +1,12 @@
 """VictoriaMetrics with the site's security switch on (hpcobs_security), seen from a host that is no management host
 (the test helper, as a GPU node would be): without the client credential nothing is read, written or deleted; with
 it, deletion and the other admin endpoints still need the admin key; TLS chains to the site CA only; the stack's
-own clients (vmalert, the self-scrape) work with the shipped credentials."""
+own clients (vmalert, the self-scrape) work with the shipped credentials. Alertmanager likewise: without its
+credential every API is refused (401), plain HTTP gets 400, another CA fails the handshake, and its gossip takes only
+the site certificates of the cluster's hosts."""
+import json
+import os
+import shlex
 import subprocess
 import time
 import uuid
@@ -9,7 +14,8 @@ from urllib.parse import quote
 
 import pytest
 
-from mgmt import HELPER, MANAGEMENT, VM_AUTH, VM_TLS, E2E_DIR, get_json, host, http, query, run_role, write_file
+from mgmt import (AM, AM_AUTH, AM_TLS, E2E_DIR, HELPER, MANAGEMENT, VM_AUTH, VM_TLS, get_json, host, http, post_json,
+                  query, run_role, write_file)
 from polling import wait_for
 
 VMS = ["https://%s:8428" % name for name in MANAGEMENT]
@@ -151,8 +157,10 @@ def test_a_certificate_due_is_renewed_and_served():
     result = run_role("pki", {"pki_renew_days": 398, "pki_cert_days": 800})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "changed: [%s -> localhost]" % MANAGEMENT[0] in result.stdout, result.stdout[-3000:]
-    result = run_role("victoriametrics")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    # every role serving the host certificate installs the renewed one (Alertmanager too: else its next run would)
+    for role in ("victoriametrics", "alertmanager"):
+        result = run_role(role)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     served = ("import ssl,sys;sys.stdout.write(ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert("
               "ssl.get_server_certificate(('127.0.0.1',8428)))))")
     for name in MANAGEMENT:
@@ -161,3 +169,115 @@ def test_a_certificate_due_is_renewed_and_served():
         pem = host(name).check_output("python3 -c \"%s\"" % served)
         assert pem.split() == new.split()
         assert http(HELPER, "https://%s:8428/health" % name, ca=CA) == (200, "OK")
+        assert host(name).file(AM_TLS + "/server.crt").content_string == new
+        assert http(name, AM + "/-/ready", **AM_AUTH)[0] == 200
+
+
+# --- Alertmanager (HTTPS, basic auth of the client credential alertmanager-client, mutual TLS on the gossip) -------
+
+AMS = ["https://%s:9093" % name for name in MANAGEMENT]
+GOSSIP_NAME = "alertmanager-gossip.hpcobs.invalid"  # files/components.yml alertmanager.peer_name
+# argv: host, port, CA file, client certificate, client key (- for none); prints accepted, closed or refused: <why>
+_GOSSIP = (
+    "import socket,ssl,sys\n"
+    "host,port,ca,cert,key=sys.argv[1:6]\n"
+    "ctx=ssl.create_default_context(cafile=ca)\n"
+    "if cert!='-': ctx.load_cert_chain(cert,key)\n"
+    "try:\n"
+    "  s=ctx.wrap_socket(socket.create_connection((host,int(port)),timeout=5),server_hostname=%r)\n"
+    "  s.sendall(b'\\x00'); print('closed' if s.recv(16)==b'' else 'answered')\n"
+    "except socket.timeout:\n"
+    "  print('accepted')\n"
+    "except (ssl.SSLError,OSError) as err:\n"
+    "  print('refused: %%s' %% err)\n" % GOSSIP_NAME
+)
+
+
+def gossip(name, target, ca, cert=None, key=None):
+    """A TLS connection from container `name` to the gossip port of `target`, verifying the gossip name: accepted
+    (the peer waits for memberlist's first message), closed, or refused with the reason."""
+    words = [target, "9094", ca, cert or "-", key or "-"]
+    return host(name).check_output("python3 -c %s %s" % (shlex.quote(_GOSSIP), " ".join(shlex.quote(w) for w in words)))
+
+
+def am_silence(name):
+    """A silence made with the shipped credential on management host `name` (its id)."""
+    now = time.time()
+    silence = {"matchers": [{"name": "alertname", "value": marker(), "isRegex": False, "isEqual": True}],
+               "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+               "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600)),
+               "createdBy": "hpcobs refusal test", "comment": "must survive the refused DELETE"}
+    status, body = post_json(name, AM + "/api/v2/silences", silence)
+    assert status == 200, body[:300]
+    return json.loads(body)["silenceID"]
+
+
+@pytest.mark.parametrize("url", AMS)
+def test_alertmanager_without_the_credential_nothing_is_read_sent_or_silenced(url):
+    name = url.split("//")[1].split(":")[0]
+    probe = marker()
+    alert = json.dumps([{"labels": {"alertname": probe, "severity": "critical", "audience": "oncall"}}])
+    silence_id = am_silence(name)
+    new_silence = json.dumps({"matchers": [{"name": "alertname", "value": ".+", "isRegex": True}],
+                              "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z",
+                              "createdBy": "a GPU node", "comment": "silence everything"})
+    wrong = E2E_DIR + "/am-wrong-password"
+    write_file(HELPER, wrong, "not-the-password\n")
+    refused = {
+        "GET alerts": http(HELPER, url + "/api/v2/alerts", ca=CA),
+        "POST alerts": http(HELPER, url + "/api/v2/alerts", alert, "POST", ca=CA),
+        "POST silences": http(HELPER, url + "/api/v2/silences", new_silence, "POST", ca=CA),
+        "GET silences": http(HELPER, url + "/api/v2/silences", ca=CA),
+        "DELETE silence": http(HELPER, url + "/api/v2/silence/" + silence_id, method="DELETE", ca=CA),
+        "GET status": http(HELPER, url + "/api/v2/status", ca=CA),
+        "metrics": http(HELPER, url + "/metrics", ca=CA),
+        "ready": http(HELPER, url + "/-/ready", ca=CA),
+        "wrong password": http(HELPER, url + "/api/v2/alerts", alert, "POST", ca=CA, user="hpcobs",
+                               password_file=wrong),
+        # VictoriaMetrics' client credential is not Alertmanager's
+        "another credential": http(HELPER, url + "/api/v2/alerts", alert, "POST", **CLIENT),
+    }
+    assert {what: status for what, (status, _) in refused.items()} == {what: 401 for what in refused}, refused
+    # plain HTTP gets nothing either (Go answers 400 to HTTP on a TLS port)
+    status, body = http(HELPER, url.replace("https://", "http://") + "/api/v2/alerts", alert, "POST")
+    assert status == 400 and probe not in body
+    # nothing changed: the probe alert is not there, the silence is still active, no silence of everything
+    time.sleep(2)
+    assert get_json(name, AM + "/api/v2/alerts?filter=alertname%3D%22" + probe + "%22") == []
+    silences = {s["id"]: s for s in get_json(name, AM + "/api/v2/silences")}
+    assert silences[silence_id]["status"]["state"] == "active"
+    assert not [s for s in silences.values() if s["createdBy"] == "a GPU node"]
+    # with the shipped credential the same calls work (the credential is the one vmalert holds)
+    status, _ = http(name, AM + "/api/v2/silence/" + silence_id, method="DELETE", **AM_AUTH)
+    assert status == 200
+
+
+@pytest.mark.parametrize("url", AMS)
+def test_alertmanager_tls_chains_to_the_site_ca_only(url, other_ca):
+    status, body = http(HELPER, url + "/api/v2/status", ca=other_ca["ca.crt"])
+    assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in body, body[:300]
+    # a client certificate of another CA is no credential either
+    status, _ = http(HELPER, url + "/api/v2/status", ca=CA, cert=other_ca["client.crt"], key=other_ca["client.key"])
+    assert status == 401
+    # the site CA verifies it, for the name other hosts use: the refusal is the server's (401), not the handshake
+    assert http(HELPER, url + "/-/ready", ca=CA)[0] == 401
+
+
+def test_gossip_takes_only_site_certificates_of_the_cluster(other_ca):
+    """The gossip port: no client certificate, one of another CA, or one of the site CA without the gossip name
+    (what a GPU node holds: here the helper's own site certificate) is refused; a peer's certificate is taken."""
+    pki = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "pki", "hosts")
+    for part in ("crt", "key"):
+        with open(os.path.join(pki, "%s.%s" % (HELPER, part)), encoding="utf-8") as handle:
+            write_file(HELPER, "/tmp/site-node.%s" % part, handle.read())
+    target = MANAGEMENT[0]
+    results = {
+        "no certificate": gossip(HELPER, target, CA),
+        "another CA": gossip(HELPER, target, CA, other_ca["client.crt"], other_ca["client.key"]),
+        "site certificate without the gossip name": gossip(HELPER, target, CA, "/tmp/site-node.crt",
+                                                           "/tmp/site-node.key"),
+    }
+    assert all(result.startswith("refused") for result in results.values()), results
+    # the other peer, with its own host certificate, is taken (the server waits for memberlist's message)
+    assert gossip(MANAGEMENT[1], target, AM_TLS + "/ca.crt", AM_TLS + "/server.crt", AM_TLS + "/server.key") == \
+        "accepted"

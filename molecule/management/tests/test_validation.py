@@ -13,7 +13,7 @@ import time
 
 import yaml
 
-from mgmt import MANAGEMENT, SCENARIO_DIR, VM, get_json, host, http, main_pid, post_json, run_role
+from mgmt import AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VM, get_json, host, http, main_pid, post_json, run_role
 from polling import wait_for
 
 with open(os.path.join(SCENARIO_DIR, "group_vars", "management.yml"), encoding="utf-8") as handle:
@@ -84,7 +84,7 @@ def test_invalid_alertmanager_config_is_refused_and_the_running_config_stays():
     assert recap_changed(output) == {name: 0 for name in MANAGEMENT}
     assert checksums(config) == before and pids("alertmanager") == pid_before
     for name in MANAGEMENT:
-        assert http(name, "http://127.0.0.1:9093/-/ready")[0] == 200
+        assert http(name, AM + "/-/ready", **AM_AUTH)[0] == 200
 
 
 def test_inline_secret_is_refused_without_being_shown():
@@ -129,12 +129,12 @@ def test_silences_are_shared_by_the_cluster_and_survive_restarts():
         "startsAt": now.isoformat(), "endsAt": (now + datetime.timedelta(hours=2)).isoformat(),
         "createdBy": "management scenario", "comment": "persistence probe",
     }
-    status, body = post_json(MANAGEMENT[0], "http://127.0.0.1:9093/api/v2/silences", silence)
+    status, body = post_json(MANAGEMENT[0], AM + "/api/v2/silences", silence)
     assert status == 200, body
     silence_id = json.loads(body)["silenceID"]
 
     def active_on(name):
-        silences = get_json(name, "http://127.0.0.1:9093/api/v2/silences")
+        silences = get_json(name, AM + "/api/v2/silences")
         return any(s["id"] == silence_id and s["status"]["state"] == "active" for s in silences)
     wait_for("the silence on the other host", lambda: active_on(MANAGEMENT[1]), timeout=60)
     # stop both (nothing left to gossip it back), start both: it comes back from the data directories
@@ -143,7 +143,7 @@ def test_silences_are_shared_by_the_cluster_and_survive_restarts():
     for name in MANAGEMENT:
         host(name).check_output("systemctl start alertmanager")
     for name in MANAGEMENT:
-        wait_for("%s ready" % name, lambda n=name: http(n, "http://127.0.0.1:9093/-/ready")[0] == 200, timeout=60)
+        wait_for("%s ready" % name, lambda n=name: http(n, AM + "/-/ready", **AM_AUTH)[0] == 200, timeout=60)
         assert active_on(name)
-    status, _ = http(MANAGEMENT[0], "http://127.0.0.1:9093/api/v2/silence/" + silence_id, method="DELETE")
+    status, _ = http(MANAGEMENT[0], AM + "/api/v2/silence/" + silence_id, method="DELETE", **AM_AUTH)
     assert status == 200

@@ -37,8 +37,15 @@ def test_flags_point_at_victoriametrics_and_every_alertmanager(host):
         assert "%s.basicAuth.username=hpcobs" % flag in args
         assert "%s.basicAuth.passwordFile=/etc/vmalert/tls/victoriametrics-client" % flag in args
     assert not [a for a in args if "basicAuth.password=" in a]
+    # every Alertmanager over HTTPS too, each -notifier.url with the CA and the Alertmanager credential (array flags)
     assert sorted(a for a in args if a.startswith("-notifier.url=")) == [
-        "-notifier.url=http://%s:9093" % mgmt for mgmt in MANAGEMENT]
+        "-notifier.url=https://%s:9093" % mgmt for mgmt in MANAGEMENT]
+    for flag in ("tlsCAFile=/etc/vmalert/tls/ca.crt", "basicAuth.username=hpcobs",
+                 "basicAuth.passwordFile=/etc/vmalert/tls/alertmanager-client"):
+        assert [a for a in args if a.startswith("-notifier.%s=" % flag.split("=")[0])] == [
+            "-notifier." + flag] * len(MANAGEMENT)
+    tls = {name: host.file("/etc/vmalert/tls/" + name) for name in ("alertmanager-client", "victoriametrics-client")}
+    assert all((f.user, f.group, f.mode) == ("root", "vmalert", 0o640) for f in tls.values())
     assert "-external.url=http://%s:8880" % name in args
     assert "-evaluationInterval=5s" in args
 
