@@ -230,7 +230,7 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
 def test_secured_components_are_those_a_host_reaches_over_https():
     hosts = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": False}}
     names = ["victoriametrics", "loki", "alertmanager", "grafana", "victoriametrics"]
-    assert service.secured_components(names, hosts, "m1") == ["victoriametrics", "grafana"]
+    assert service.secured_components(names, hosts, "m1") == ["victoriametrics", "alertmanager", "grafana"]
     assert service.secured_components(names, hosts, "m2") == []
     assert service.secured_components([], hosts, "m1") == []
     # Loki and Alertmanager once the map marks them tls: true (a map of this test), each once, in the list's order

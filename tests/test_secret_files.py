@@ -31,6 +31,7 @@ SECRET_FILES = {
     ("promtail", "Write the Promtail configuration"): "basic-auth passwords of clients in promtail_config_overrides",
     ("victoriametrics", "Write the scrape configuration (checked by victoria-metrics -promscrape.config.dryRun first)"):
         "basic-auth passwords and bearer tokens of scrape jobs",
+    ("victoriametrics", "Install the Slurm token for slurmctld's metrics"): "the Slurm JWT of the MetricsAuthUsers user",
     ("service", "Install the key of {{ service_name }}"): "the host's TLS private key (tasks_from: tls)",
     ("service", "Install the credentials of {{ service_name }}"): "the site PKI's generated credentials (tasks_from: tls)",
     ("service", "Write the web configuration of {{ service_name }}"):

@@ -70,7 +70,7 @@ def render(tmp_path_factory, extra=None):
             {"name": "Scrape configuration", "ansible.builtin.template": {
                 "src": str(ROLE / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
             {"name": "Credentials the role installs", "ansible.builtin.copy": {
-                "content": "{{ (['victoriametrics-client', 'victoriametrics-admin'] + _victoriametrics_scrape_credentials)"
+                "content": "{{ (['victoriametrics-client', 'victoriametrics-admin'] + _victoriametrics_scraped_credentials)"
                            " | to_json }}", "dest": str(out / "credentials.json"), "mode": "0644"}},
         ],
     }]
