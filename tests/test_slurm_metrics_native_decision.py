@@ -21,11 +21,16 @@ ROLE = REPO / "roles" / "slurm_metrics"
 GPU_CONF = "GresTypes=gpu\nAccountingStorageTRES=gres/gpu\n"
 
 
-def decide(tmp_path, version, conf, mode, token_user=""):
+def decide(tmp_path, version, conf, mode, token_user="", http_jwt=True):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'slurm %s'\n" % version)
     (bin_dir / "scontrol").chmod(0o755)
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "auth_jwt.so").write_text("")
+    if http_jwt:
+        (plugins / "http_auth_jwt.so").write_text("")
     (tmp_path / "slurm.conf").write_text("# ClusterName=x\n" + conf + "NodeName=n1 CPUs=2\n")
     out = tmp_path / "decision.json"
     facts = {"os_family": "Debian", "service_mgr": "systemd", "distribution": "Debian", "distribution_version": "13"}
@@ -50,6 +55,7 @@ def decide(tmp_path, version, conf, mode, token_user=""):
     result = subprocess.run([str(beside) if beside.exists() else "ansible-playbook", "-i", "localhost,",
                              str(tmp_path / "play.yml"), "-e", json.dumps({"hpcobs_slurm_native_metrics": mode,
                                                                      "slurm_metrics_token_user": token_user,
+                                                                     "slurm_metrics_plugin_dirs": [str(plugins)],
                                                                      "slurm_metrics_slurm_conf": str(tmp_path / "slurm.conf")})],
                             capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
@@ -90,6 +96,18 @@ def test_auto_uses_native_metrics_only_where_they_work(tmp_path, version, conf, 
 def test_auto_reads_native_metrics_with_a_token_of_a_metrics_auth_user(tmp_path, conf, token_user, token):
     decision, log = decide(tmp_path, "26.05.5", conf, "auto", token_user)
     assert decision == {"on": True, "version": "26.05.5", "token": token}, log[-3000:]
+
+
+def test_without_slurmctlds_http_jwt_plugin_auto_keeps_the_collector(tmp_path):
+    conf = GPU_CONF + "MetricsAuthUsers=hpcobs-metrics\n" + JWT
+    decision, log = decide(tmp_path, "26.05.5", conf, "auto", "", http_jwt=False)
+    assert decision == {"on": False, "version": "26.05.5", "token": ""}, log[-3000:]
+    # slurm.conf's own PluginDir is where the plugin is looked for
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "http_auth_jwt.so").write_text("")
+    decision, log = decide(tmp_path / "elsewhere", "26.05.5", conf + "PluginDir=%s\n" % (tmp_path / "elsewhere"),
+                           "auto", "", http_jwt=False)
+    assert decision == {"on": True, "version": "26.05.5", "token": "hpcobs-metrics"}, log[-3000:]
 
 
 def test_a_token_user_outside_metrics_auth_users_is_refused(tmp_path):

@@ -66,6 +66,14 @@ def test_native_plan_versions_and_modes():
     assert slurm.native_plan(GPU + ["MetricsAuthUsers=m", "AuthAltTypes=auth/jwt"], "26.05.5", "True")["token_user"] == "m"
 
 
+def test_native_plan_without_slurmctlds_http_jwt_plugin_keeps_the_collector():
+    conf = GPU + ["MetricsAuthUsers=m", "AuthAltTypes=auth/jwt"]
+    plan = slurm.native_plan(conf, "slurm 26.05.5", "auto", "", http_jwt=False)
+    assert plan["on"] is False and plan["token_user"] == "" and "http_auth_jwt.so" in plan["blocked"]
+    # nothing asks for a token: the plugin does not matter
+    assert slurm.native_plan(GPU, "slurm 26.05.5", "auto", "", http_jwt=False)["on"] is True
+
+
 @pytest.mark.parametrize("user,says", [
     ("root", "root is not in slurm.conf's MetricsAuthUsers=m"),
     ("m;id", "must be a user name"),

@@ -31,7 +31,7 @@ def _version(text):
     return match.group(0), numbers
 
 
-def native_plan(conf_lines, version_output, mode, token_user=""):
+def native_plan(conf_lines, version_output, mode, token_user="", http_jwt=True):
     """Whether slurmctld serves the Slurm metrics itself on this controller, and how VictoriaMetrics reads them.
 
     conf_lines: slurm.conf's lines the preflight grep returned; version_output: what `scontrol -V` printed; mode:
@@ -69,6 +69,10 @@ def native_plan(conf_lines, version_output, mode, token_user=""):
         if not jwt:
             plan["blocked"] = ("slurm.conf sets MetricsAuthUsers, so slurmctld asks for a token, but has no "
                                "AuthAltTypes=auth/jwt to take one")
+        elif not http_jwt:
+            plan["blocked"] = ("slurm.conf sets MetricsAuthUsers, so slurmctld asks for a token, but its HTTP "
+                               "server has no http_auth/jwt plugin (http_auth_jwt.so) to take one (Debian's "
+                               "slurm-wlm 26.05 packages none)")
         else:
             plan["token_user"] = token_user or auth_users[0]
     elif private and not ignored:
