@@ -31,6 +31,8 @@ SECRET_FILES = {
         "basic-auth passwords and bearer tokens of scrape jobs",
     ("service", "Install the key of {{ service_name }}"): "the host's TLS private key (tasks_from: tls)",
     ("service", "Install the credentials of {{ service_name }}"): "the site PKI's generated credentials (tasks_from: tls)",
+    ("service", "Write the auth config of {{ service_name }}"):
+        "the users' passwords of a vmauth front (tasks_from: vmauth_front: Loki's push and reader credentials)",
 }
 
 

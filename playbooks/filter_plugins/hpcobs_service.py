@@ -185,6 +185,20 @@ def component_listen(name, components=None):
     return ":%d" % component_port(name, components)
 
 
+def component_hosts(name, groups, components=None):
+    """Every host of the inventory groups a component runs on (files/components.yml `groups`), each once, in
+    inventory order."""
+    components = load_components() if components is None else components
+    if name not in components:
+        raise AnsibleFilterError("%r is not a component (known: %s)" % (name, ", ".join(sorted(components))))
+    hosts = []
+    for group in components[name]["groups"]:
+        for host in (groups or {}).get(group) or []:
+            if host not in hosts:
+                hosts.append(host)
+    return hosts
+
+
 def component_names(components=None):
     """Every component name (what hpcobs_components_disabled may list)."""
     return sorted(load_components() if components is None else components)
@@ -273,6 +287,14 @@ def component_scheme(name, hostvars, host, components=None):
     return "https" if entry.get("tls") and security_enabled(hv) else "http"
 
 
+def secured_components(hostvars, host, components=None):
+    """The components a host's clients reach over https (component_scheme): those marked tls, when the host's
+    security switch is on; each client presents the credential <component>-client."""
+    components = load_components() if components is None else components
+    return [name for name in sorted(components) if "port" in components[name]
+            and component_scheme(name, hostvars, host, components) == "https"]
+
+
 def component_url(name, hostvars, host, path="", scheme=None, components=None):
     """<scheme>://<address>:<port><path> at which the other hosts reach a component on `host`: the host's address
     (component_address), or the one address the component is bound to when its listen setting names one. The
@@ -305,6 +327,34 @@ def pki_path(relative="", pki_dir=""):
     if relative.startswith("/") or ".." in relative.split("/"):
         raise AnsibleFilterError("%r is not a path inside the PKI directory" % (relative,))
     return os.path.join(base, relative) if relative else base
+
+
+_CREDENTIAL = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_HOST_IN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def pki_host_credential(name, host):
+    """The file name (under <pki_dir>/credentials/) of a per-host credential: <name>-<inventory name>."""
+    name, host = str(name), str(host)
+    if not _CREDENTIAL.match(name):
+        raise AnsibleFilterError("%r is not a credential name (lower-case letters, digits and dashes)" % (name,))
+    if not _HOST_IN_NAME.match(host) or ".." in host:
+        raise AnsibleFilterError("%r cannot name a credential file (letters, digits, . - _ only)" % (host,))
+    return "%s-%s" % (name, host)
+
+
+def pki_host_credentials(names, hosts):
+    """Every per-host credential file name: pki_host_credential of each name of `names` for each host of `hosts`
+    (name by name, hosts in their order, each once)."""
+    if isinstance(names, str) or isinstance(hosts, str):
+        raise AnsibleFilterError("per-host credentials take a list of names and a list of hosts")
+    files = []
+    for name in names or []:
+        for host in hosts or []:
+            credential = pki_host_credential(name, host)
+            if credential not in files:
+                files.append(credential)
+    return files
 
 
 def pki_sans(host, hostvars):
@@ -386,6 +436,7 @@ def _truthy(value):
 class FilterModule:
     def filters(self):
         return {
+            "hpcobs_component_hosts": component_hosts,
             "hpcobs_component_listen": component_listen,
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,
@@ -397,9 +448,12 @@ class FilterModule:
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_pki_host_credential": pki_host_credential,
+            "hpcobs_pki_host_credentials": pki_host_credentials,
             "hpcobs_pki_hosts_sans": pki_hosts_sans,
             "hpcobs_pki_path": pki_path,
             "hpcobs_pki_sans": pki_sans,
+            "hpcobs_secured_components": secured_components,
             "hpcobs_security_enabled": security_enabled,
             "hpcobs_shared": shared_fact,
             "hpcobs_listen_problem": listen_problem,
