@@ -236,3 +236,17 @@ def test_pki_paths_stay_inside_the_pki_directory():
     for bad in ("/etc/shadow", "../x", "credentials/../../x"):
         with pytest.raises(service.AnsibleFilterError):
             service.pki_path(bad, "/srv/pki")
+
+
+def test_component_hosts_are_every_host_of_its_groups_once():
+    groups = {"gpu_nodes": ["g1", "g2"], "slurm_controllers": ["c1", "g1"], "management": ["m1"]}
+    assert service.component_hosts("promtail", groups) == ["g1", "g2", "c1", "m1"]
+    assert service.component_hosts("loki", groups) == ["m1"]
+    assert service.component_hosts("loki", {}) == []
+    with pytest.raises(service.AnsibleFilterError, match="not a component"):
+        service.component_hosts("nope", groups)
+
+
+def test_secured_components_follow_the_host_switch():
+    assert service.secured_components({"m1": {"hpcobs_security": True}}, "m1") == ["loki", "victoriametrics"]
+    assert service.secured_components({"m1": {}}, "m1") == []

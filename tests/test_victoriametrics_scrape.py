@@ -47,9 +47,9 @@ OVERRIDES = {
 }
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    work = tmp_path_factory.mktemp("victoriametrics")
+def render(work: Path, extra: dict) -> Path:
+    """The role's templates rendered for INVENTORY into work/etc, with extra variables; the scrape credentials the
+    role would install (_victoriametrics_scrape_credentials) into work/etc/credentials.json."""
     out = work / "etc"
     (work / "inventory.yml").write_text(yaml.safe_dump(INVENTORY))
     playbook = [{
@@ -68,18 +68,45 @@ def rendered(tmp_path_factory):
              "loop": "{{ _victoriametrics_jobs }}"},
             {"name": "Scrape configuration", "ansible.builtin.template": {
                 "src": str(ROLE / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
+            {"name": "Scrape credentials", "ansible.builtin.copy": {
+                "content": "{{ _victoriametrics_scrape_credentials | to_json }}", "dest": str(out / "credentials.json"),
+                "mode": "0644"}},
         ],
     }]
     (work / "render.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
     command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
-               str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out),
-                                                           "victoriametrics_scrape_jobs_overrides": OVERRIDES,
-                                                           "hpcobs_components_disabled": ["promtail"]})]
+               str(work / "render.yml"), "-e", json.dumps(dict({"victoriametrics_config_dir": str(out),
+                                                                "victoriametrics_scrape_jobs_overrides": OVERRIDES,
+                                                                "hpcobs_components_disabled": ["promtail"]}, **extra))]
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return render(tmp_path_factory.mktemp("victoriametrics"), {})
+
+
+@pytest.fixture(scope="module")
+def rendered_secured(tmp_path_factory):
+    return render(tmp_path_factory.mktemp("victoriametrics-secured"), {"hpcobs_security": True})
+
+
+def test_secured_jobs_present_the_site_ca_and_their_components_client_credential(rendered, rendered_secured):
+    jobs = {j["job_name"]: j for j in yaml.safe_load((rendered_secured / "scrape.yml").read_text())["scrape_configs"]}
+    tls = str(rendered_secured / "tls")
+    for job, component in [("victoriametrics", "victoriametrics"), ("loki", "loki")]:
+        assert jobs[job]["scheme"] == "https" and jobs[job]["tls_config"] == {"ca_file": tls + "/ca.crt"}, job
+        assert jobs[job]["basic_auth"] == {"username": "hpcobs", "password_file": "%s/%s-client" % (tls, component)}
+    # not secured in this release, or the site's own scheme: no credential sent
+    assert "basic_auth" not in jobs["vmalert"] and "basic_auth" not in jobs["grafana"]
+    assert json.loads((rendered_secured / "credentials.json").read_text()) == ["loki-client"]
+    assert json.loads((rendered / "credentials.json").read_text()) == []
+    plain = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
+    assert "basic_auth" not in plain["loki"] and "scheme" not in plain["loki"]
 
 
 def targets(rendered: Path, job: str) -> list[dict]:
