@@ -113,7 +113,9 @@ def test_ready_and_listening(host):
     assert http(host, LOKI_LOCAL + "/ready").strip() == "ready"
     assert host.socket("tcp://127.0.0.1:3101").is_listening
     assert not host.socket("tcp://0.0.0.0:3101").is_listening
-    assert host.socket("tcp://3100").is_listening
+    # the front (vmauth, Go's ":3100": every address, IPv4 and IPv6 on one socket, which ss shows as *:3100)
+    listeners = host.check_output("ss -Htln 'sport = :3100'").split()
+    assert "*:3100" in listeners or "0.0.0.0:3100" in listeners or "[::]:3100" in listeners, listeners
     # the scrape job loki's way in: through the front, as the reader
     assert "loki_build_info" in reader("/metrics")
 
