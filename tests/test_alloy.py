@@ -217,3 +217,32 @@ def test_role_defaults_match_argument_specs_and_readme():
             assert item["default"] == defaults[name], name
     readme = (ROLE / "README.md").read_text()
     assert not [name for name in defaults if "`%s`" % name not in readme]
+
+
+def test_with_the_security_switch_the_host_credential_and_the_site_ca_are_presented():
+    secured = settings(loki_urls=["https://mgmt01:3100"], security=True, username="gpu01", has_password=True,
+                       password_file="/etc/alloy/tls/loki-push-gpu01", ca_file="/etc/alloy/tls/ca.crt",
+                       site_username="", site_password=False)
+    assert plugin.alloy_problems(secured) == []
+    text = plugin.alloy_config(secured)
+    assert ('basic_auth {\n      username = "gpu01"\n      password_file = "/etc/alloy/tls/loki-push-gpu01"\n    }\n'
+            '    tls_config {\n      ca_file = "/etc/alloy/tls/ca.crt"\n    }') in text
+    assert any("must stay empty" in p for p in plugin.alloy_problems(dict(secured, site_username="proxy")))
+    assert any("must stay empty" in p for p in plugin.alloy_problems(dict(secured, site_password="True")))
+    assert any("https://" in p for p in plugin.alloy_problems(dict(secured, loki_urls=["http://mgmt01:3100"])))
+    assert "tls_config" not in plugin.alloy_config(settings())
+
+
+def test_the_stand_in_hands_the_endpoints_tls_config_and_credentials_to_its_client(tmp_path):
+    """The stand-in's client gets tls_config { ca_file } and basic_auth { username, password_file } of every
+    endpoint (what the role writes under hpcobs_security), and refuses an argument Alloy's blocks do not have."""
+    from test_loki_standin import load
+    standin = load(ALLOY, "hpcobs_alloy_standin")
+    text = plugin.alloy_config(settings(loki_urls=["https://mgmt01:3100"], username="gpu01", has_password=True,
+                                        password_file="/etc/alloy/tls/loki-push-gpu01", ca_file="/etc/alloy/tls/ca.crt"))
+    config = standin.promtail_config(standin.load(text, "config.alloy"), str(tmp_path), "127.0.0.1:12345")
+    (client,) = config["clients"]
+    assert client["tls_config"] == {"ca_file": "/etc/alloy/tls/ca.crt"}
+    assert client["basic_auth"] == {"username": "gpu01", "password_file": "/etc/alloy/tls/loki-push-gpu01"}
+    with pytest.raises(standin.AlloyError, match='unrecognized attribute name "ca_fil"'):
+        standin.load(text.replace("ca_file", "ca_fil"), "config.alloy")

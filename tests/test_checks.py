@@ -344,3 +344,10 @@ def test_every_exempt_option_is_a_real_option_with_a_reason():
         with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
             assert "\n      %s:\n" % option in handle.read(), option
         assert reason
+
+
+def test_with_the_security_switch_every_loki_url_is_https():
+    assert checks.loki_client_problems(["https://mgmt01:3100"], "", "promtail", True) == []
+    assert checks.loki_client_problems(["http://mgmt01:3100"], "", "promtail", False) == []
+    (problem,) = checks.loki_client_problems(["https://m1:3100", "http://m2:3100"], "", "promtail", "True")
+    assert "hpcobs_security is on" in problem and "promtail_loki_urls" in problem

@@ -214,7 +214,7 @@ def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
-    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "alertmanager", "grafana"]
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "alertmanager", "loki", "grafana"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
@@ -230,14 +230,13 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
 def test_secured_components_are_those_a_host_reaches_over_https():
     hosts = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": False}}
     names = ["victoriametrics", "loki", "alertmanager", "grafana", "victoriametrics"]
-    assert service.secured_components(names, hosts, "m1") == ["victoriametrics", "alertmanager", "grafana"]
+    assert service.secured_components(names, hosts, "m1") == ["victoriametrics", "loki", "alertmanager", "grafana"]
     assert service.secured_components(names, hosts, "m2") == []
     assert service.secured_components([], hosts, "m1") == []
-    # Loki and Alertmanager once the map marks them tls: true (a map of this test), each once, in the list's order
-    components = {name: dict(entry, tls=True) if name in ("loki", "alertmanager") else entry
+    # a map of this test where only Grafana serves TLS
+    components = {name: dict(entry, tls=(name == "grafana")) if "port" in entry else entry
                   for name, entry in COMPONENTS.items()}
-    assert service.secured_components(names, hosts, "m1", components) == [
-        "victoriametrics", "loki", "alertmanager", "grafana"]
+    assert service.secured_components(names, hosts, "m1", components) == ["grafana"]
     with pytest.raises(service.AnsibleFilterError, match="not a component with a port"):
         service.secured_components(["slurm_hooks"], hosts, "m1")
 
@@ -265,3 +264,13 @@ def test_pki_paths_stay_inside_the_pki_directory():
     for bad in ("/etc/shadow", "../x", "credentials/../../x"):
         with pytest.raises(service.AnsibleFilterError):
             service.pki_path(bad, "/srv/pki")
+
+
+def test_component_hosts_are_every_host_of_its_groups_once():
+    groups = {"gpu_nodes": ["g1", "g2"], "slurm_controllers": ["c1", "g1"], "management": ["m1"]}
+    assert service.component_hosts("promtail", groups) == ["g1", "g2", "c1", "m1"]
+    assert service.component_hosts("loki", groups) == ["m1"]
+    assert service.component_hosts("loki", {}) == []
+    with pytest.raises(service.AnsibleFilterError, match="not a component"):
+        service.component_hosts("nope", groups)
+

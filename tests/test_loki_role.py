@@ -48,8 +48,11 @@ PREFLIGHT_CASES = {
     "am_not_url": ({"loki_alertmanager_urls": ["mgmt01:9093"]}, "list of http(s) base URLs"),
     "am_string": ({"loki_alertmanager_urls": "http://mgmt01:9093"}, "list of http(s) base URLs"),
     # a secured Alertmanager (hpcobs_security) refuses plain HTTP: the ruler must reach it at https://
-    "good_am_secured": ({"hpcobs_security": True, "loki_alertmanager_urls": ["https://mgmt01:9093"]}, None),
-    "am_http_secured": ({"hpcobs_security": True, "loki_alertmanager_urls": ["https://a:9093", "http://mgmt01:9093"]},
+    # (Loki's own front stays off here: its vmauth is not in this test's bundle)
+    "good_am_secured": ({"loki_alertmanager_security": True, "loki_security": False,
+                         "loki_alertmanager_urls": ["https://mgmt01:9093"]}, None),
+    "am_http_secured": ({"loki_alertmanager_security": True, "loki_security": False,
+                         "loki_alertmanager_urls": ["https://a:9093", "http://mgmt01:9093"]},
                         "all https:// with hpcobs_security on"),
     "schema_unsorted": ({"loki_schema_configs": [{"from": "2026-01-01"}, {"from": "2025-01-01"}]},
                         "increasing date order"),

@@ -163,3 +163,24 @@ def test_cert_names_reads_a_sites_own_certificate(tmp_path):
     (tmp_path / "junk").write_text("not a certificate")
     with pytest.raises(service.AnsibleFilterError, match="cannot read the certificate"):
         service.cert_names(str(tmp_path / "junk"))
+
+
+def test_per_host_credentials_are_named_after_each_host_once():
+    assert service.pki_host_credential("loki-push", "gpu01.cluster") == "loki-push-gpu01.cluster"
+    assert service.pki_host_credentials(["loki-push", "x"], ["gpu01", "mgmt_1", "gpu01"]) == [
+        "loki-push-gpu01", "loki-push-mgmt_1", "x-gpu01", "x-mgmt_1"]
+    assert service.pki_host_credentials([], ["gpu01"]) == []
+    for name, host, problem in [("Loki", "gpu01", "not a credential name"), ("loki-push", "../x", "cannot name"),
+                                ("loki-push", "a/b", "cannot name"), ("loki-push", "..", "cannot name")]:
+        with pytest.raises(service.AnsibleFilterError, match=problem):
+            service.pki_host_credential(name, host)
+    with pytest.raises(service.AnsibleFilterError, match="a list of names"):
+        service.pki_host_credentials("loki-push", ["gpu01"])
+
+
+def test_the_role_makes_the_per_host_credentials_of_every_host_and_the_reader_credential():
+    import yaml
+    defaults = yaml.safe_load(open(os.path.join(ROOT, "roles", "pki", "defaults", "main.yml")))
+    assert "loki-client" in defaults["pki_credentials"] and defaults["pki_host_credentials"] == ["loki-push"]
+    tasks = open(os.path.join(ROOT, "roles", "pki", "tasks", "main.yml")).read()
+    assert "pki_credentials + (pki_host_credentials | hpcobs_pki_host_credentials(pki_hosts))" in tasks

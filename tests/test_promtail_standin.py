@@ -319,3 +319,64 @@ def test_grpc_port_0_is_a_random_port_on_the_configured_address(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
+
+
+# ---------------------------------------------------------------------------------------------------- client TLS
+def test_the_client_verifies_the_server_against_its_ca_file_and_sends_the_password_file(tmp_path):
+    """tls_config.ca_file and basic_auth.password_file as the role writes them under hpcobs_security: a server whose
+    certificate the CA signed gets the push with the password read from the file; against another CA the handshake
+    fails and nothing is sent."""
+    import base64
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    standin = sys.modules["standin"]
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    for name in ("ca", "other"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+                "-subj", "/CN=%s" % name, "-keyout", name + ".key", "-out", name + ".crt")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=loki",
+            "-keyout", "server.key", "-out", "server.csr")
+    (tmp_path / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+            "-extfile", "ext", "-out", "server.crt")
+    seen = []
+
+    class Loki(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(204)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Loki)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "password").write_text("s3cret-from-the-file\n")
+    url = "https://127.0.0.1:%d/loki/api/v1/push" % server.server_port
+    entries, stopping = [({"job": "x"}, 1, "line")], threading.Event()
+    try:
+        def client(ca):
+            return standin.Client({"url": url, "basic_auth": {"username": "gpu01",
+                                                              "password_file": str(tmp_path / "password")},
+                                   "tls_config": {"ca_file": str(tmp_path / ca)}, "backoff_config": {"max_retries": 0}})
+        good = client("ca.crt")
+        good.push(entries, stopping)
+        assert good.sent == 1
+        assert seen == ["Basic " + base64.b64encode(b"gpu01:s3cret-from-the-file").decode()]
+        wrong = client("other.crt")
+        wrong.push(entries, stopping)
+        assert wrong.sent == 0 and len(seen) == 1
+        with pytest.raises(OSError):
+            client("missing.crt")
+    finally:
+        server.shutdown()

@@ -36,6 +36,8 @@ SECRET_FILES = {
     ("service", "Install the credentials of {{ service_name }}"): "the site PKI's generated credentials (tasks_from: tls)",
     ("service", "Write the web configuration of {{ service_name }}"):
         "the bcrypt hash of a generated credential (tasks_from: web_config)",
+    ("service", "Write the auth config of {{ service_name }}"):
+        "the users' passwords of a vmauth front (tasks_from: vmauth_front: Loki's push and reader credentials)",
 }
 
 

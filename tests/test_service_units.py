@@ -19,6 +19,14 @@ BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, 
           "slurm_metrics": 3.2}
 # Units a role writes beside its own: no worse than the unit of the role they serve.
 BEFORE["ipmi_exporter-front"] = BEFORE["ipmi_exporter"]
+BEFORE["loki-front"] = BEFORE["loki"]
+
+
+def _front_unit_vars():
+    """The values roles/service tasks_from: vmauth_front gives the unit template (its import of unit.yml)."""
+    tasks = yaml.safe_load((SERVICE / "tasks" / "vmauth_front.yml").read_text())
+    [inner] = [t for t in tasks if t.get("ansible.builtin.import_tasks") == "unit.yml"]
+    return inner["vars"]
 
 
 def unit_calls(role):
@@ -29,6 +37,10 @@ def unit_calls(role):
             call = task.get("ansible.builtin.import_role") or {}
             if call.get("name") == "service" and call.get("tasks_from") == "unit":
                 calls.append((path.name, task.get("vars") or {}))
+            elif call.get("name") == "service" and call.get("tasks_from") == "vmauth_front":
+                given = task.get("vars") or {}
+                calls.append((path.name, dict(given, **dict(_front_unit_vars(),
+                                                            service_unit="%s.service" % given["service_name"]))))
     return calls
 
 

@@ -263,8 +263,12 @@ def journal_labels(entry):
 
 
 class Client:
-    """One Loki client: external labels, tenant, basic auth (password or password_file), exponential backoff; a
-    4xx other than 429 drops the batch, as the real clients do."""
+    """One Loki client: external labels, tenant, basic auth (password or password_file), TLS (tls_config: the server
+    is verified against ca_file, else the system's CAs, and insecure_skip_verify, as in Prometheus common config's
+    TLSConfig that both shippers use), exponential backoff; a 4xx other than 429 drops the batch, as the real
+    clients do. A ca_file that cannot be read stops the shipper at start, as the real ones refuse to build the client
+    (Prometheus common config NewTLSConfig: "unable to load specified CA cert"); the password file is read once at
+    start here, where the real clients read it again for every request."""
 
     def __init__(self, settings):
         self.url, self.sent, self.external = settings["url"], 0, settings.get("external_labels") or {}
@@ -279,6 +283,12 @@ class Client:
                     password = handle.read().strip()
             self.headers["Authorization"] = "Basic " + base64.b64encode(
                 ("%s:%s" % (auth["username"], password)).encode()).decode()
+        tls = settings.get("tls_config") or {}
+        self.context = None
+        if urlsplit(self.url).scheme == "https":
+            self.context = ssl.create_default_context(cafile=tls.get("ca_file") or None)
+            if tls.get("insecure_skip_verify") is True:
+                self.context.check_hostname, self.context.verify_mode = False, ssl.CERT_NONE
         backoff = settings.get("backoff_config") or {}
         self.backoff = [duration(backoff.get("min_period", "500ms")), duration(backoff.get("max_period", "5m")),
                         int(backoff.get("max_retries", 10))]
@@ -292,7 +302,8 @@ class Client:
         body, delay = json.dumps({"streams": list(streams.values())}).encode(), self.backoff[0]
         for attempt in range(self.backoff[2] + 1):
             try:
-                with urllib.request.urlopen(urllib.request.Request(self.url, body, self.headers), timeout=10):
+                with urllib.request.urlopen(urllib.request.Request(self.url, body, self.headers), timeout=10,
+                                            context=self.context):
                     self.sent += len(entries)
                     return
             except OSError as err:  # HTTPError too

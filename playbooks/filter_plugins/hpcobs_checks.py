@@ -103,13 +103,16 @@ def file_target_problems(targets, variable="file_targets", journal=False, same_j
     return problems
 
 
-def loki_client_problems(urls, tenant, prefix):
-    """Problems of `<prefix>_loki_urls` (a non-empty list of http(s) base URLs) and `<prefix>_loki_tenant_id`
-    (empty or a Loki tenant id)."""
+def loki_client_problems(urls, tenant, prefix, secured=False):
+    """Problems of `<prefix>_loki_urls` (a non-empty list of http(s) base URLs; https only when the site's security
+    switch is on: Loki's front takes nothing else) and `<prefix>_loki_tenant_id` (empty or a Loki tenant id)."""
     problems = []
     if not isinstance(urls, (list, tuple)) or not urls or not all(isinstance(u, str) and URL.match(u) for u in urls):
         problems.append("%s_loki_urls must be a non-empty list of http(s) base URLs such as [\"http://mgmt01:3100\"], "
                         "got %s" % (prefix, _text(urls)))
+    elif str(secured).strip().lower() == "true" and not all(u.startswith("https://") for u in urls):
+        problems.append("hpcobs_security is on: Loki's front speaks HTTPS only, so every %s_loki_urls entry must be an "
+                        "https:// URL (hpcobs_loki_urls too), got %s" % (prefix, _text(urls)))
     if not isinstance(tenant, str) or not TENANT.match(tenant):
         problems.append("%s_loki_tenant_id must be empty or a Loki tenant id (letters, digits and !._*()'- , at most "
                         "150), got %s" % (prefix, _text(tenant)))

@@ -215,6 +215,20 @@ def component_listen(name, components=None):
     return ":%d" % component_port(name, components)
 
 
+def component_hosts(name, groups, components=None):
+    """Every host of the inventory groups a component runs on (files/components.yml `groups`), each once, in
+    inventory order."""
+    components = load_components() if components is None else components
+    if name not in components:
+        raise AnsibleFilterError("%r is not a component (known: %s)" % (name, ", ".join(sorted(components))))
+    hosts = []
+    for group in components[name]["groups"]:
+        for host in (groups or {}).get(group) or []:
+            if host not in hosts:
+                hosts.append(host)
+    return hosts
+
+
 def component_names(components=None):
     """Every component name (what hpcobs_components_disabled may list)."""
     return sorted(load_components() if components is None else components)
@@ -354,6 +368,34 @@ def peer_names(host, hostvars, components=None):
     groups = set(hv.get("group_names") or [])
     return [entry["peer_name"] for _, entry in sorted(components.items())
             if entry.get("peer_name") and groups & set(entry.get("groups") or [])]
+
+
+_CREDENTIAL = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_HOST_IN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def pki_host_credential(name, host):
+    """The file name (under <pki_dir>/credentials/) of a per-host credential: <name>-<inventory name>."""
+    name, host = str(name), str(host)
+    if not _CREDENTIAL.match(name):
+        raise AnsibleFilterError("%r is not a credential name (lower-case letters, digits and dashes)" % (name,))
+    if not _HOST_IN_NAME.match(host) or ".." in host:
+        raise AnsibleFilterError("%r cannot name a credential file (letters, digits, . - _ only)" % (host,))
+    return "%s-%s" % (name, host)
+
+
+def pki_host_credentials(names, hosts):
+    """Every per-host credential file name: pki_host_credential of each name of `names` for each host of `hosts`
+    (name by name, hosts in their order, each once)."""
+    if isinstance(names, str) or isinstance(hosts, str):
+        raise AnsibleFilterError("per-host credentials take a list of names and a list of hosts")
+    files = []
+    for name in names or []:
+        for host in hosts or []:
+            credential = pki_host_credential(name, host)
+            if credential not in files:
+                files.append(credential)
+    return files
 
 
 def pki_sans(host, hostvars, components=None):
@@ -522,6 +564,7 @@ class FilterModule:
             "hpcobs_slurm_token_expiry": slurm_token_expiry,
             "hpcobs_slurm_token_due": slurm_token_due,
             "hpcobs_slurm_token_minted": slurm_token_minted,
+            "hpcobs_component_hosts": component_hosts,
             "hpcobs_component_listen": component_listen,
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,
@@ -536,6 +579,8 @@ class FilterModule:
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
             "hpcobs_peer_names": peer_names,
+            "hpcobs_pki_host_credential": pki_host_credential,
+            "hpcobs_pki_host_credentials": pki_host_credentials,
             "hpcobs_pki_hosts_sans": pki_hosts_sans,
             "hpcobs_pki_path": pki_path,
             "hpcobs_pki_sans": pki_sans,

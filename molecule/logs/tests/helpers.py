@@ -7,17 +7,40 @@ import time
 import zipfile
 from pathlib import Path
 
+import testinfra
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 MGMT = "logs-mgmt01"
 NODE = "logs-gpu01"
-LOKI = "http://%s:3100" % MGMT
+# The scenario runs with hpcobs_security on: every client reaches Loki through its front, over HTTPS with the site
+# CA and a credential; Loki itself listens on loopback of the management host (loki_backend_listen_port).
+LOKI = "https://%s:3100" % MGMT
+LOKI_LOCAL = "http://127.0.0.1:3101"
+# On the management host: the site CA of the front, and the reader's credential as curl reads it (converge.yml).
+MGMT_CA = "/etc/loki/tls/ca.crt"
+READER_NETRC = "/var/lib/hpcobs-e2e/loki-reader.netrc"
 
 
-def http(host, url, params=None, method="GET", status=False):
-    """Body of url fetched from inside host (curl); with status=True, (HTTP code, body)."""
-    args = ["curl", "-sS", "--max-time", "10", "-X", method]
+def node(name):
+    return testinfra.get_host("podman://%s" % name)
+
+
+def pki_file(relative):
+    """A file of the scenario's site PKI on the controller (roles/pki, hpcobs_pki_dir in molecule.yml)."""
+    directory = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY")
+    assert directory, "run through molecule verify (MOLECULE_EPHEMERAL_DIRECTORY)"
+    return (Path(directory) / "pki" / relative).read_text().strip()
+
+
+def http(host, url, params=None, method="GET", status=False, ca=None, netrc=None, extra=()):
+    """Body of url fetched from inside host (curl); with status=True, (HTTP code, body). ca: the CA file to trust,
+    netrc: a netrc file holding the credential (never on the command line)."""
+    args = ["curl", "-sS", "--max-time", "10", "-X", method] + list(extra)
+    if ca:
+        args += ["--cacert", ca]
+    if netrc:
+        args += ["--netrc-file", netrc]
     if params:
         args.append("-G")
         for key, value in params.items():
@@ -40,11 +63,18 @@ def read_yaml(host, path):
     return yaml.safe_load(host.file(path).content_string)
 
 
-def query(host, logql, since_ns, limit=1000):
-    """Streams matching a LogQL log query since since_ns, asked from host over the test network."""
-    answer = http_json(host, LOKI + "/loki/api/v1/query_range",
-                       {"query": logql, "start": str(since_ns), "end": str(time.time_ns() + 10 ** 9),
-                        "limit": str(limit), "direction": "forward"})
+def reader(path, params=None):
+    """Body of a GET through Loki's front as the stack's reader (hpcobs_client_user, credential loki-client),
+    from the management host."""
+    return http(node(MGMT), LOKI + path, params, ca=MGMT_CA, netrc=READER_NETRC)
+
+
+def query(host, logql, since_ns, limit=1000):  # noqa: ARG001 - the reader asks, not the node that logged
+    """Streams matching a LogQL log query since since_ns, asked through Loki's front with the reader's credential
+    (a GPU node holds none: it can only push)."""
+    answer = json.loads(reader("/loki/api/v1/query_range",
+                               {"query": logql, "start": str(since_ns), "end": str(time.time_ns() + 10 ** 9),
+                                "limit": str(limit), "direction": "forward"}))
     assert answer["status"] == "success", answer
     return answer["data"]["result"]
 

@@ -6,13 +6,13 @@ import uuid
 
 import pytest
 
-from helpers import bundle_binary_sha256, http, query
+from helpers import bundle_binary_sha256, http, pki_file, query
 from hostchecks import assert_runs_as_its_own_user, cmdline, main_pid, unit_property
 from polling import wait_for
 
 ALLOY_NODE = "logs-gpu02"
 testinfra_hosts = [ALLOY_NODE]
-PASSWORD = "molecule-not-a-secret-7f3a"
+CREDENTIAL = "/etc/alloy/tls/loki-push-%s" % ALLOY_NODE
 # an older driver's line: no "PCI:" prefix before the bus address
 XID_LINE = "NVRM: Xid (0000:b1:00): 62, pid='<unknown>', name=<unknown>, 0000b9b6"
 
@@ -64,28 +64,32 @@ def test_config_carries_the_label_contract(host):
     assert config.user == "root" and config.group == "alloy" and config.mode == 0o640
     text = config.content_string
     assert 'loki.source.journal "journal"' in text and '"job" = "systemd-journal"' in text
-    assert 'url = "http://logs-mgmt01:3100/loki/api/v1/push"' in text
+    assert 'url = "https://logs-mgmt01:3100/loki/api/v1/push"' in text
     assert '"node" = "logs-gpu02"' in text
     for field, label in [("__journal__transport", "transport"), ("__journal_syslog_identifier", "syslog_identifier"),
                          ("__journal__systemd_unit", "unit"), ("__journal_priority_keyword", "priority"),
                          ("__journal__hostname", "host")]:
         assert re.search(r'"%s",\s*\]\s*target_label = "%s"' % (field, label), text), field
     assert '"__path__" = "/var/log/slurm/*.log"' in text
-    assert 'password_file = "/etc/alloy/loki-password"' in text
+    # hpcobs_security: the host's own push credential and the site CA
+    assert re.search(r'basic_auth \{\s*username = "%s"\s*password_file = "%s"\s*\}' % (ALLOY_NODE, CREDENTIAL), text)
+    assert re.search(r'tls_config \{\s*ca_file = "/etc/alloy/tls/ca.crt"\s*\}', text)
     result = host.run("/usr/local/bin/alloy validate %s" % path)
     assert result.rc == 0, result.stderr
 
 
 def test_password_only_in_its_file(host):
-    secret = host.file("/etc/alloy/loki-password")
+    secret = host.file(CREDENTIAL)
     assert secret.user == "root" and secret.group == "alloy" and secret.mode == 0o640
-    assert secret.content_string == PASSWORD
-    assert PASSWORD not in host.file("/etc/alloy/config.alloy").content_string
-    assert PASSWORD not in host.file("/etc/systemd/system/alloy.service").content_string
-    assert PASSWORD not in " ".join(cmdline(host, "alloy"))
+    password = pki_file("credentials/loki-push-%s" % ALLOY_NODE)
+    assert secret.content_string.strip() == password and len(password) >= 16
+    assert not host.file("/etc/alloy/loki-password").exists
+    assert password not in host.file("/etc/alloy/config.alloy").content_string
+    assert password not in host.file("/etc/systemd/system/alloy.service").content_string
+    assert password not in " ".join(cmdline(host, "alloy"))
     environ = host.file("/proc/%s/environ" % main_pid(host, "alloy")).content_string
-    assert PASSWORD not in environ
-    assert PASSWORD not in host.check_output("journalctl -u alloy --no-pager -n 500")
+    assert password not in environ
+    assert password not in host.check_output("journalctl -u alloy --no-pager -n 500")
 
 
 def test_ready_and_the_journal_is_read(host):

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import yaml
 
-from helpers import LOKI, MGMT, REPO, bundle_binary_sha256, http, http_json, read_yaml
+from helpers import LOKI_LOCAL, MGMT, REPO, bundle_binary_sha256, http, http_json, read_yaml, reader
 from hostchecks import assert_runs_as_its_own_user, unit_property
 
 testinfra_hosts = [MGMT]
@@ -53,7 +53,8 @@ def test_config_file_permissions(host):
 def test_config_key_fields(host):
     config = read_yaml(host, "/etc/loki/loki.yml")
     assert config["auth_enabled"] is False
-    assert config["server"]["http_listen_port"] == 3100
+    # hpcobs_security: Loki on loopback, its front (vmauth) on the public port
+    assert (config["server"]["http_listen_address"], config["server"]["http_listen_port"]) == ("127.0.0.1", 3101)
     assert config["server"]["grpc_listen_address"] == "127.0.0.1"
     assert config["common"]["path_prefix"] == "/var/lib/loki"
     assert config["common"]["storage"]["filesystem"]["chunks_directory"] == "/var/lib/loki/chunks"
@@ -100,7 +101,7 @@ def test_rule_file_follows_the_alert_contract(host):
 
 
 def test_ruler_loaded_the_rules(host):
-    groups = http_json(host, "http://127.0.0.1:3100/prometheus/api/v1/rules")["data"]["groups"]
+    groups = http_json(host, LOKI_LOCAL + "/prometheus/api/v1/rules")["data"]["groups"]
     loaded = {(g["name"], g["file"]): [r["name"] for r in g["rules"]] for g in groups}
     assert loaded == {("hpcobs-kernel-log", "hpcobs.yml"): ["HpcobsGpuXidKernelLogCritical",
                                                              "HpcobsGpuXidKernelLog"]}
@@ -109,9 +110,14 @@ def test_ruler_loaded_the_rules(host):
 
 
 def test_ready_and_listening(host):
-    assert http(host, "http://127.0.0.1:3100/ready").strip() == "ready"
-    assert host.socket("tcp://0.0.0.0:3100").is_listening
-    assert "loki_build_info" in http(host, LOKI + "/metrics")
+    assert http(host, LOKI_LOCAL + "/ready").strip() == "ready"
+    assert host.socket("tcp://127.0.0.1:3101").is_listening
+    assert not host.socket("tcp://0.0.0.0:3101").is_listening
+    # the front (vmauth, Go's ":3100": every address, IPv4 and IPv6 on one socket, which ss shows as *:3100)
+    listeners = host.check_output("ss -Htln 'sport = :3100'").split()
+    assert "*:3100" in listeners or "0.0.0.0:3100" in listeners or "[::]:3100" in listeners, listeners
+    # the scrape job loki's way in: through the front, as the reader
+    assert "loki_build_info" in reader("/metrics")
 
 
 def test_data_dir_kept_what_was_there(host):
@@ -155,5 +161,5 @@ def test_a_broken_site_rule_changes_nothing_and_the_xid_group_stays(host, tmp_pa
     assert "site-oom/SiteOomKiller: expr is not valid LogQL (parse error at line 1" in output
     assert "Nothing was changed." in output
     assert host.file(rules_file).sha256sum == before
-    names = [g["name"] for g in http_json(host, "http://127.0.0.1:3100/prometheus/api/v1/rules")["data"]["groups"]]
+    names = [g["name"] for g in http_json(host, LOKI_LOCAL + "/prometheus/api/v1/rules")["data"]["groups"]]
     assert names == ["hpcobs-kernel-log"]

@@ -1,8 +1,8 @@
 """The log path end to end: journal and Slurm log lines of the GPU node reach Loki on the management host with the
 project's labels, positions survive a Promtail restart, stored logs survive a Loki restart.
 
-Runs on the node (queries go over the scenario's network from the node to Loki) and drives the management host
-through its own connection.
+Runs on the node (queries go through Loki's front as the stack's reader, from the management host: the node holds
+no credential that reads) and drives the management host through its own connection.
 """
 import time
 import uuid
@@ -10,7 +10,7 @@ import uuid
 import testinfra
 import yaml
 
-from helpers import MGMT, NODE, http, query
+from helpers import LOKI_LOCAL, MGMT, NODE, http, query
 from polling import wait_for
 
 testinfra_hosts = [NODE]
@@ -102,6 +102,6 @@ def test_loki_keeps_logs_across_a_restart(host):
     store = mgmt()
     store.check_output("systemctl restart loki")
     wait_for("loki ready after the restart",
-             lambda: http(store, "http://127.0.0.1:3100/ready", status=True)[0] == 200, 60)
+             lambda: http(store, LOKI_LOCAL + "/ready", status=True)[0] == 200, 60)
     assert XID_LINE in lines(query(host, '{syslog_identifier="kernel", node="%s"} |= "NVRM: Xid"' % NODE, day_ago()))
     assert store.file("/var/lib/loki/site-restore-marker").exists

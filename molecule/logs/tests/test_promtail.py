@@ -47,6 +47,9 @@ def test_config_key_fields(host):
     config = read_yaml(host, path)
     (client,) = config["clients"]
     assert client["url"] == LOKI + "/loki/api/v1/push"
+    # hpcobs_security: the host's own push credential and the site CA, from files only
+    assert client["basic_auth"] == {"username": NODE, "password_file": "/etc/promtail/tls/loki-push-%s" % NODE}
+    assert client["tls_config"] == {"ca_file": "/etc/promtail/tls/ca.crt"}
     assert client["external_labels"] == {"node": NODE}
     assert config["positions"]["filename"] == "/var/lib/promtail/positions.yaml"
     assert config["server"]["http_listen_port"] == 9080

@@ -15,7 +15,7 @@ import time
 
 import testinfra
 
-from helpers import MGMT, NODE, http_json, query
+from helpers import LOKI_LOCAL, MGMT, NODE, http_json, query
 from polling import wait_for
 
 testinfra_hosts = [NODE]
@@ -32,7 +32,7 @@ def node(name):
 
 
 def ruler_alerts():
-    return http_json(node(MGMT), "http://127.0.0.1:3100/prometheus/api/v1/alerts")["data"]["alerts"]
+    return http_json(node(MGMT), LOKI_LOCAL + "/prometheus/api/v1/alerts")["data"]["alerts"]
 
 
 def inject_control(host):
@@ -81,7 +81,7 @@ def test_a_forged_kernel_xid_line_pages_nobody_while_a_kernel_one_does():
         # the forged line (and test_pipeline's logger line of the same address) raised nothing, in any rule
         forged = [a for a in ruler_alerts() if a["labels"].get("pci") == FORGED_PCI]
         assert forged == [], json.dumps(forged)
-        rules = http_json(node(MGMT), "http://127.0.0.1:3100/prometheus/api/v1/rules")["data"]["groups"][0]["rules"]
+        rules = http_json(node(MGMT), LOKI_LOCAL + "/prometheus/api/v1/rules")["data"]["groups"][0]["rules"]
         assert {r["name"]: r["state"] for r in rules} == {"HpcobsGpuXidKernelLogCritical": "firing",
                                                           "HpcobsGpuXidKernelLog": "inactive"}
     finally:

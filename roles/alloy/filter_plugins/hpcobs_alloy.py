@@ -118,6 +118,8 @@ def alloy_config(settings):
         if settings.get("username"):
             body.append(("basic_auth", Block("basic_auth", [("username", settings["username"]),
                                                             ("password_file", settings["password_file"])])))
+        if settings.get("ca_file"):
+            body.append(("tls_config", Block("tls_config", [("ca_file", settings["ca_file"])])))
         endpoints.append(("endpoint", Block("endpoint", body)))
     external = dict(settings.get("external_labels") or {})
     external["node"] = settings["node_label"]
@@ -147,8 +149,12 @@ def alloy_problems(settings):
     """Every problem of the role's settings, as strings (empty when there is none)."""
     problems = []
     shared = _checks()  # the checks Promtail shares (playbooks/filter_plugins/hpcobs_checks.py)
-    problems += shared.loki_client_problems(settings.get("loki_urls"), settings.get("tenant_id"), "alloy")
-    if bool(settings.get("username")) != bool(settings.get("has_password")):
+    secured = str(settings.get("security", False)).strip().lower() == "true"
+    problems += shared.loki_client_problems(settings.get("loki_urls"), settings.get("tenant_id"), "alloy", secured)
+    if secured and (settings.get("site_username") or _true(settings.get("site_password"))):
+        problems.append("hpcobs_security is on: Alloy presents the host's own credential (loki-push-<host>, roles/pki) "
+                        "at Loki's front, so alloy_loki_username and alloy_loki_password must stay empty")
+    elif bool(settings.get("username")) != _true(settings.get("has_password")):
         problems.append("alloy_loki_username and alloy_loki_password go together (both set, or both empty)")
     problems += shared.log_label_problems(settings.get("node_label"), settings.get("external_labels"),
                                           settings.get("journal_labels"), "alloy")
@@ -167,6 +173,10 @@ def alloy_problems(settings):
     if not re.match(r"^[0-9]+(B|KiB|MiB|KB|MB)$", str(settings.get("batchsize"))):
         problems.append("alloy_batchsize must be a size like 1MiB")
     return problems
+
+
+def _true(value):
+    return value is True or str(value).strip().lower() == "true"
 
 
 def alloy_config_filter(settings):
