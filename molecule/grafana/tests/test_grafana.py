@@ -196,17 +196,17 @@ def test_datasources(host):
     vm, loki, am = by_uid["hpcobs-vm"], by_uid["hpcobs-loki"], by_uid["hpcobs-am"]
     # the data host's Grafana reads its own services by default; the other one is given the data host's URLs
     base = "127.0.0.1" if host.backend.name == DATA_HOST else DATA_HOST
-    # VictoriaMetrics is secured (tls: true in the components map): https, the client user and its credential, the
-    # site CA; Loki and Alertmanager are not secured in this release and stay as they were
+    # VictoriaMetrics, Loki and Alertmanager are secured (tls: true in the components map): https, the client user
+    # and each one's credential, the site CA
     assert (vm["type"], vm["url"], vm["isDefault"]) == ("prometheus", "https://%s:8428" % base, True)
     assert vm["jsonData"]["timeInterval"] == "15s" and vm["jsonData"]["httpMethod"] == "POST"
-    assert (vm["basicAuth"], vm["basicAuthUser"], vm["jsonData"]["tlsAuthWithCACert"]) == (True, "hpcobs", True)
-    assert vm["secureJsonFields"] == {"basicAuthPassword": True, "tlsCACert": True}
-    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", "http://%s:3100" % base, False)
-    assert (am["type"], am["url"]) == ("alertmanager", "http://%s:9093" % base)
+    assert (loki["type"], loki["url"], loki["isDefault"]) == ("loki", "https://%s:3100" % base, False)
+    assert (am["type"], am["url"]) == ("alertmanager", "https://%s:9093" % base)
     assert am["jsonData"]["implementation"] == "prometheus"
-    for plain in (loki, am):
-        assert plain["basicAuth"] is False and plain["secureJsonFields"] == {}
+    for secured in (vm, loki, am):
+        assert (secured["basicAuth"], secured["basicAuthUser"], secured["jsonData"]["tlsAuthWithCACert"]) == (
+            True, "hpcobs", True), secured["uid"]
+        assert secured["secureJsonFields"] == {"basicAuthPassword": True, "tlsCACert": True}, secured["uid"]
     assert all(d["readOnly"] and d["editable"] is False for d in datasources)
 
 
