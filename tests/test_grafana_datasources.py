@@ -63,27 +63,27 @@ def test_the_role_maps_each_of_its_datasources_to_its_component():
     assert all(name in components for name in COMPONENT_OF.values())
 
 
-def test_with_todays_map_only_victoriametrics_is_secured():
+def test_with_todays_map_every_datasource_of_the_stack_is_secured():
     secured, given, out = provisioned("mgmt01")
-    assert secured == ["victoriametrics"]
-    assert_secured(out[0], "victoriametrics")
-    assert out[0]["jsonData"]["httpMethod"] == "POST"  # the role's own settings kept
-    assert out[1:] == given[1:]  # Loki, Alertmanager and the site's datasource as they were
-    assert "basicAuth" not in given[0] and "secureJsonData" not in given[0]  # the input is not changed
-    assert ds.datasource_credentials(given, COMPONENT_OF, secured) == ["victoriametrics-client"]
-
-
-def test_loki_and_alertmanager_get_the_same_once_the_map_secures_them():
-    components = {name: dict(entry, tls=True) if name in ("loki", "alertmanager") else entry
-                  for name, entry in service.load_components().items()}
-    secured, given, out = provisioned("mgmt01", components)
     assert secured == ["victoriametrics", "loki", "alertmanager"]
     for entry, component in zip(out, ["victoriametrics", "loki", "alertmanager"]):
         assert_secured(entry, component)
+    assert out[0]["jsonData"]["httpMethod"] == "POST"  # the role's own settings kept
     assert out[1]["jsonData"] == {"maxLines": 1000, "tlsAuthWithCACert": True}
-    assert out[3] == given[3]
+    assert out[3] == given[3]  # the site's own datasource as it was
+    assert "basicAuth" not in given[0] and "secureJsonData" not in given[0]  # the input is not changed
     assert ds.datasource_credentials(given, COMPONENT_OF, secured) == [
         "victoriametrics-client", "loki-client", "alertmanager-client"]
+
+
+def test_a_component_the_map_does_not_secure_keeps_its_datasource():
+    components = {name: dict(entry, tls=False) if name in ("loki", "alertmanager") else entry
+                  for name, entry in service.load_components().items()}
+    secured, given, out = provisioned("mgmt01", components)
+    assert secured == ["victoriametrics"]
+    assert_secured(out[0], "victoriametrics")
+    assert out[1:] == given[1:]
+    assert ds.datasource_credentials(given, COMPONENT_OF, secured) == ["victoriametrics-client"]
 
 
 def test_without_the_switch_nothing_changes():

@@ -115,8 +115,9 @@ def test_grafana_ini_reads_the_secrets_from_files(host):
 
 # what the tls tasks install (roles/service tasks_from: tls): the CA and certificate readable, the key and the
 # credentials for root and the grafana group only
+# the datasources' credentials of the three secured components it reads, and its own /metrics credential
 TLS_FILES = {"ca.crt": 0o644, "server.crt": 0o644, "server.key": 0o640, "grafana-client": 0o640,
-             "victoriametrics-client": 0o640}
+             "victoriametrics-client": 0o640, "loki-client": 0o640, "alertmanager-client": 0o640}
 
 
 def test_tls_files_and_credentials(host):
@@ -131,7 +132,7 @@ def test_tls_files_and_credentials(host):
         assert host.file("/etc/grafana/tls/ca.crt").content_string.strip() == handle.read().strip()
     with open(pki("hosts/%s.crt" % host.backend.name), encoding="utf-8") as handle:
         assert host.file("/etc/grafana/tls/server.crt").content_string.strip() == handle.read().strip()
-    for name in ("grafana-client", "victoriametrics-client"):
+    for name in ("grafana-client", "victoriametrics-client", "loki-client", "alertmanager-client"):
         assert host.file("/etc/grafana/tls/%s" % name).content_string.strip() == credential(name)
 
 
