@@ -71,8 +71,9 @@ def test_config_key_fields(host):
     assert ruler["storage"] == {"type": "local", "local": {"directory": "/etc/loki/rules"}}
     assert ruler["rule_path"].startswith("/var/lib/loki/")
     assert ruler["wal"]["dir"].startswith("/var/lib/loki/")
-    # default: port 9093 of every host of the inventory group management
-    assert ruler["alertmanager_url"] == "http://%s:9093" % MGMT
+    # default: port 9093 of every host of the inventory group management, over https (the switch is on in this
+    # scenario and Alertmanager is secured)
+    assert ruler["alertmanager_url"] == "https://%s:9093" % MGMT
     assert ruler["enable_api"] is True
     assert config["analytics"]["reporting_enabled"] is False
 
