@@ -181,6 +181,14 @@ def test_per_host_credentials_are_named_after_each_host_once():
 def test_the_role_makes_the_per_host_credentials_of_every_host_and_the_reader_credential():
     import yaml
     defaults = yaml.safe_load(open(os.path.join(ROOT, "roles", "pki", "defaults", "main.yml")))
-    assert "loki-client" in defaults["pki_credentials"] and defaults["pki_host_credentials"] == ["loki-push"]
+    assert defaults["pki_host_credentials"] == ["loki-push"]
+    # the client credential of every TLS component (loki-client the reader's), underscores as dashes
+    assert defaults["pki_credentials"].replace(" ", "") == (
+        "{{('tls'|hpcobs_components_flagged|hpcobs_client_credential)+['victoriametrics-admin']}}")
+    assert "loki-client" in service.client_credential(service.components_flagged("tls"))
+    assert service.client_credential("node_exporter") == "node-exporter-client"
+    assert service.client_credential(["dcgm_exporter", "loki"]) == ["dcgm-exporter-client", "loki-client"]
+    with pytest.raises(service.AnsibleFilterError, match="not a component"):
+        service.client_credential("nodeexporter")
     tasks = open(os.path.join(ROOT, "roles", "pki", "tasks", "main.yml")).read()
     assert "pki_credentials + (pki_host_credentials | hpcobs_pki_host_credentials(pki_hosts))" in tasks

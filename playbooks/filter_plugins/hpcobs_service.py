@@ -327,6 +327,23 @@ def secured_components(names, hostvars, host, components=None):
     return out
 
 
+def client_credential(name, components=None):
+    """The site PKI credential (roles/pki) that a client of a secured component presents as the stack's client user:
+    <component>-client, the component's underscores as dashes (credential names are [a-z0-9-]: node_exporter gives
+    node-exporter-client). A list of components gives the list of their credentials."""
+    if isinstance(name, (list, tuple)):
+        return [client_credential(item, components) for item in name]
+    _entry(name, components)
+    return str(name).replace("_", "-") + "-client"
+
+
+def components_flagged(flag, components=None):
+    """Every component whose entry in files/components.yml sets `flag` true, sorted ('tls' | hpcobs_components_flagged:
+    the ones serving TLS under the site's security switch)."""
+    components = load_components() if components is None else components
+    return sorted(name for name, entry in components.items() if entry.get(str(flag)) is True)
+
+
 def component_url(name, hostvars, host, path="", scheme=None, components=None):
     """<scheme>://<address>:<port><path> at which the other hosts reach a component on `host`: the host's address
     (component_address), or the one address the component is bound to when its listen setting names one. The
@@ -564,7 +581,9 @@ class FilterModule:
             "hpcobs_slurm_token_expiry": slurm_token_expiry,
             "hpcobs_slurm_token_due": slurm_token_due,
             "hpcobs_slurm_token_minted": slurm_token_minted,
+            "hpcobs_client_credential": client_credential,
             "hpcobs_component_hosts": component_hosts,
+            "hpcobs_components_flagged": components_flagged,
             "hpcobs_component_listen": component_listen,
             "hpcobs_component_local_url": component_local_url,
             "hpcobs_component_names": component_names,
