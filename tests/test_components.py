@@ -37,7 +37,9 @@ def _defaults(role):
 
 def test_every_component_is_a_role_and_every_playbook_role_a_component():
     roles = {os.path.basename(path) for path in glob.glob(os.path.join(ROOT, "roles", "*"))}
-    assert set(COMPONENTS) <= roles
+    # a component is its role's name, or names the role that runs it beside its program (`role`)
+    assert {entry.get("role", name) for name, entry in COMPONENTS.items()} <= roles
+    assert all(entry["role"] != name for name, entry in COMPONENTS.items() if "role" in entry)
     deployed = set()
     for play in ("gpu_nodes.yml", "management.yml", "slurm.yml"):
         with open(os.path.join(ROOT, "playbooks", play), encoding="utf-8") as handle:
@@ -48,7 +50,7 @@ def test_every_component_is_a_role_and_every_playbook_role_a_component():
 
 @pytest.mark.parametrize("name", sorted(name for name, entry in COMPONENTS.items() if "listen" in entry))
 def test_the_roles_listen_defaults_come_from_the_map(name):
-    listen, values = COMPONENTS[name]["listen"], _defaults(name)
+    listen, values = COMPONENTS[name]["listen"], _defaults(COMPONENTS[name].get("role", name))
     if "address" in listen:
         default = values[listen["address"]]
         assert "'%s' | hpcobs_component_" % name in default, (listen["address"], default)
@@ -195,17 +197,11 @@ def test_the_preflight_problem_names_unknown_components_and_shippers():
     assert "hpcobs_log_shipper" in service.components_problem([], "fluentd")
 
 
-def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
-    """The Slurm reports have no VictoriaMetrics credential in this release: with hpcobs_security on, the preflight
-    names them and says what to do, before anything changes. Grafana has its datasource credentials: not refused."""
-    problem = service.components_problem([], "promtail", True)
-    assert "but slurm_metrics cannot reach a secured VictoriaMetrics yet (this release gives it no credential)" \
-        in problem
-    assert "list slurm_metrics in hpcobs_components_disabled" in problem
-    assert "grafana" not in problem
-    assert "slurm_metrics" in service.components_problem(["grafana"], "promtail", "true")
-    assert service.components_problem(["slurm_metrics"], "promtail", True) == ""
-    assert service.components_problem(["grafana", "slurm_metrics"], "promtail", True) == ""
+def test_the_security_switch_is_a_boolean_and_refuses_no_component():
+    """Every deployed component has its credentials under the switch (the Slurm tools read VictoriaMetrics' read-only
+    front): the preflight refuses only a switch that is not a boolean."""
+    assert service.components_problem([], "promtail", True) == ""
+    assert service.components_problem(["grafana"], "promtail", "true") == ""
     assert service.components_problem([], "promtail", False) == ""
     assert service.components_problem([], "promtail", "False") == ""
     assert "hpcobs_security must be true or false" in service.components_problem([], "promtail", "yes please")
@@ -214,7 +210,8 @@ def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
-    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "alertmanager", "loki", "grafana"]
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
+        "victoriametrics", "victoriametrics_reader", "alertmanager", "loki", "grafana"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,9 @@ REPORT_STEP = 30
 
 
 def load(name):
+    # the tools import hpcobs_vmclient from their own directory (first on sys.path when they run)
+    if str(FILES) not in sys.path:
+        sys.path.insert(0, str(FILES))
     loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(FILES / name))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)

@@ -79,7 +79,25 @@ def test_each_file_that_can_hold_a_secret_is_written_without_diff(role, name):
     assert task.get("diff") is False, "roles/%s %r writes a file that can hold %s: add diff: false" % (
         role, name, SECRET_FILES[(role, name)])
     mode = str(args(task).get("mode", ""))
+    if (role, name) in WIDER_BY_CHOICE:
+        mode = WIDER_BY_CHOICE[(role, name)]()
     assert re.match(r"^0?[0-7][0-7]0$", mode), "roles/%s %r: mode %s lets others read it" % (role, name, mode)
+
+
+def _credentials_mode_default():
+    """roles/service's credentials mode is a setting whose default others cannot read; the only role that widens it
+    is slurm_metrics, for the Slurm tools' read-only credential (every local user runs the tools; it reads metrics
+    and nothing else, and slurm_metrics_tools_group narrows it to a group)."""
+    defaults = yaml.safe_load(open(os.path.join(ROOT, "roles", "service", "defaults", "main.yml")))
+    widening = sorted(os.path.relpath(path, ROOT).split(os.sep)[1]
+                      for path in glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml"))
+                      if "service_tls_credentials_mode:" in open(path, encoding="utf-8").read())
+    assert widening == ["slurm_metrics"], widening
+    return str(defaults["service_tls_credentials_mode"])
+
+
+# tasks whose mode is a setting: what it is by default (checked like a literal mode)
+WIDER_BY_CHOICE = {("service", "Install the credentials of {{ service_name }}"): _credentials_mode_default}
 
 
 def test_every_file_task_that_handles_a_secret_is_listed():

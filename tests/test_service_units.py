@@ -20,6 +20,7 @@ BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, 
 # Units a role writes beside its own: no worse than the unit of the role they serve.
 BEFORE["ipmi_exporter-front"] = BEFORE["ipmi_exporter"]
 BEFORE["loki-front"] = BEFORE["loki"]
+BEFORE["victoriametrics-reader"] = BEFORE["victoriametrics"]
 
 
 def _front_unit_vars():

@@ -98,7 +98,7 @@ def systemd_word(word):
 # --- The components map (files/components.yml) -------------------------------------------------------------------
 
 COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
-_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls", "peer_name"}
+_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls", "peer_name", "role"}
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$")
 _LOG_SHIPPERS = ("promtail", "alloy")
 _loaded = {}  # path: (components, shared facts), read and checked once per file
@@ -159,6 +159,9 @@ def check_components(data, where="components map"):
         if "peer_name" in entry and not (entry.get("tls") is True and isinstance(entry["peer_name"], str)
                                          and _DNS_NAME.match(entry["peer_name"])):
             problems.append("%s: peer_name must be a DNS name with a dot, on a component with tls: true" % name)
+        if "role" in entry and not (isinstance(entry["role"], str) and entry["role"] in entries
+                                    and entry["role"] != name):
+            problems.append("%s: role must name another component (the role that runs it)" % name)
         groups = entry.get("groups")
         if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
             problems.append("%s: groups must be a non-empty list of group names" % name)
@@ -247,26 +250,15 @@ def deployed_components(disabled=None, log_shipper="promtail", components=None):
             and (name not in _LOG_SHIPPERS or name == log_shipper)]
 
 
-# Components whose clients cannot yet present the site CA and a credential to a secured VictoriaMetrics
-# (hpcobs_security): the Slurm reports (hpcobs-jobstats, hpcobs-report, the job-end summary). README "Security
-# model": they are secured in a later stage; until then the switch refuses them.
-_NOT_YET_SECURE_CLIENTS = ("slurm_metrics",)
-
-
 def components_problem(disabled=None, log_shipper="promtail", security=False):
-    """'' when hpcobs_components_disabled and hpcobs_log_shipper name known components (and, with the security
-    switch on, no deployed component would lose VictoriaMetrics), else what is wrong."""
+    """'' when hpcobs_components_disabled and hpcobs_log_shipper name known components and hpcobs_security is a
+    boolean, else what is wrong."""
     try:
-        deployed = deployed_components(disabled, log_shipper)
+        deployed_components(disabled, log_shipper)
     except AnsibleFilterError as exc:
         return str(exc)
     if str(security).strip().lower() not in ("true", "false"):
         return "hpcobs_security must be true or false, not %r" % (security,)
-    blocked = [name for name in _NOT_YET_SECURE_CLIENTS if name in deployed]
-    if str(security).strip().lower() == "true" and blocked:
-        return ("hpcobs_security is on, but %s cannot reach a secured VictoriaMetrics yet (this release gives %s no "
-                "credential): list %s in hpcobs_components_disabled, or keep hpcobs_security off (README.md, "
-                "Security model)" % (" and ".join(blocked), "it" if len(blocked) == 1 else "them", ", ".join(blocked)))
     return ""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import re
 import shlex
 import time
@@ -34,26 +35,51 @@ REASON = "hpcobs test: fan 3 failed"
 # slurmctld_* jobs are scraped every 60 s (the role's default): two intervals, and some slack on this machine.
 SCRAPE_WAIT = 150
 
-_GET = ("import sys,urllib.request,urllib.error\n"
+# One request from inside a container: argv URL [method] [data]; $HPCOBS_AUTH (user:password) becomes basic auth,
+# $HPCOBS_CA the CA an https URL must chain to.
+_GET = ("import os,sys,ssl,base64,urllib.request,urllib.error\n"
+        "req=urllib.request.Request(sys.argv[1],method=(sys.argv[2:3] or ['GET'])[0],\n"
+        "  data=sys.argv[3].encode() if len(sys.argv)>3 else None)\n"
+        "if os.environ.get('HPCOBS_AUTH'):\n"
+        "  req.add_header('Authorization','Basic '+base64.b64encode(os.environ['HPCOBS_AUTH'].encode()).decode())\n"
+        "ctx=ssl.create_default_context(cafile=os.environ.get('HPCOBS_CA') or None)\n"
         "try:\n"
-        "  r=urllib.request.urlopen(sys.argv[1],timeout=20); code,body=r.status,r.read()\n"
+        "  r=urllib.request.urlopen(req,timeout=20,context=ctx); code,body=r.status,r.read()\n"
         "except urllib.error.HTTPError as e:\n"
         "  code,body=e.code,e.read()\n"
         "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n")
+# the switch is on: VictoriaMetrics over HTTPS with the site CA and the client credential of the site PKI
+VM_CA = "/etc/victoriametrics/tls/ca.crt"
+VM = "https://127.0.0.1:8428"
+
+
+def credential(name):
+    """A generated credential of the scenario's site PKI (what the controller holds)."""
+    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "pki" / "credentials" / name
+    return path.read_text(encoding="utf-8").strip()
 
 
 def podman(name):
     return testinfra.get_host("podman://" + name)
 
 
-def get(name, url):
-    out = podman(name).check_output("python3 -c %s %s", _GET, url)
+def get(name, url, auth=None, ca=None, method="GET", data=None, user=None):
+    env = "HPCOBS_AUTH=%s HPCOBS_CA=%s " % (shlex.quote(auth or ""), shlex.quote(ca or ""))
+    args = " ".join(shlex.quote(a) for a in [url, method] + ([data] if data is not None else []))
+    command = "%spython3 -c %s %s" % (env, shlex.quote(_GET), args)
+    if user:
+        command = "runuser -u %s -- env %s" % (user, command)
+    out = podman(name).check_output(command)
     code, _, body = out.partition("\n")
     return int(code), body
 
 
+def vm_get(path):
+    return get(MGMT, VM + path, "hpcobs:" + credential("victoriametrics-client"), VM_CA)
+
+
 def query(expr):
-    code, body = get(MGMT, "http://127.0.0.1:8428/api/v1/query?query=" + quote(expr, safe=""))
+    code, body = vm_get("/api/v1/query?query=" + quote(expr, safe=""))
     assert code == 200, body[:500]
     return json.loads(body)["data"]["result"]
 
@@ -231,3 +257,51 @@ def test_drained_node_fires_the_alert_with_its_reason(ctl, job):
                  lambda: value_of('slurm_nodes_drained{job="slurmctld_nodes"}') == 1, SCRAPE_WAIT, 5)
     finally:
         sq(ctl, "scontrol", "update", "nodename=%s" % GPU, "state=resume")
+
+
+# ------------------------------------------------------------------ the Slurm tools behind the security switch
+FRONT = "https://%s:8427" % MGMT
+TOOLS_CA = "/etc/hpcobs/tls/ca.crt"
+READER_FILE = "/etc/hpcobs/tls/victoriametrics-reader-client"
+
+
+def test_the_tools_read_victoriametrics_through_its_read_only_front(ctl, job):
+    """A user (alice) runs hpcobs-jobstats and hpcobs-report on the controller: both reach VictoriaMetrics' read-only
+    front over HTTPS with the credential every local user can read (the job is not in the metrics here, no prolog
+    writes its info: exit 2 says the tool got in and asked)."""
+    conf = ctl.check_output("cat /etc/hpcobs/jobstats.conf")
+    for line in ("url = %s" % FRONT, "ca_file = %s" % TOOLS_CA, "user = hpcobs", "password_file = %s" % READER_FILE):
+        assert line in conf.splitlines(), conf
+    reader = ctl.file(READER_FILE)
+    assert (reader.user, reader.group, reader.mode) == ("root", "root", 0o644)
+    assert ctl.file("/etc/hpcobs/tls").mode == 0o755
+    stats = ctl.run("runuser -u alice -- hpcobs-jobstats %s --lookback 1d", job)
+    assert stats.rc == 2 and "not in the metrics" in stats.stderr, (stats.rc, stats.stdout, stats.stderr)
+    report = ctl.run("cd /tmp && runuser -u alice -- hpcobs-report --month-to-date --out-dir /tmp")
+    assert report.rc == 0, report.stderr
+    # without the credential (another settings file) the front says 401, and the tool says so
+    ctl.check_output("printf 'url = %s\\nca_file = %s\\n' > /tmp/no-credential.conf" % (FRONT, TOOLS_CA))
+    refused = ctl.run("runuser -u alice -- env HPCOBS_JOBSTATS_CONF=/tmp/no-credential.conf hpcobs-jobstats %s", job)
+    assert refused.rc == 1 and "401" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("method, path, data", [
+    ("POST", "/api/v1/import/prometheus", 'up{job="forged",node="native-gpu1"} 1'),
+    ("POST", "/api/v1/write", "x"),
+    ("POST", "/api/v1/admin/tsdb/delete_series?match[]=%7Bjob%3D~%22.%2B%22%7D", ""),
+    ("GET", "/api/v1/admin/tsdb/delete_series?match[]=%7Bjob%3D~%22.%2B%22%7D", None),
+    ("GET", "/snapshot/create", None),
+    ("GET", "/-/reload", None),
+    ("GET", "/metrics", None),
+])
+def test_the_credential_users_can_read_writes_deletes_and_administers_nothing(ctl, method, path, data):
+    before = value_of('count(up)')
+    secret = ctl.check_output("runuser -u alice -- cat %s", READER_FILE)
+    reader = "hpcobs:" + secret
+    assert get(CTL, FRONT + "/api/v1/query?query=up", reader, TOOLS_CA, user="alice")[0] == 200
+    code, body = get(CTL, FRONT + path, reader, TOOLS_CA, method, data, user="alice")
+    assert code in (400, 404), (path, code, body[:300])
+    # at VictoriaMetrics itself the credential opens nothing
+    assert get(CTL, "https://%s:8428%s" % (MGMT, path), reader, TOOLS_CA, method, data, user="alice")[0] == 401
+    assert query('up{job="forged"}') == []
+    assert value_of('count(up)') == before
