@@ -59,7 +59,7 @@ def test_the_converted_roles_are_found():
 
 
 # Roles whose unit changes with the site's security switch (hpcobs_security): rendered both ways.
-SECURED = ["victoriametrics", "vmalert"]
+SECURED = ["victoriametrics", "vmalert", "node_exporter"]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,8 @@ def test_exposure_is_no_worse_than_the_roles_own_unit_was(rendered, role):
 @pytest.mark.parametrize("role", SECURED)
 def test_the_secured_unit_is_no_worse_and_names_no_secret(rendered_secured, role, tmp_path):
     text = (rendered_secured / ("%s.service" % role)).read_text()
-    assert "file:///etc/victoriametrics/tls/" in text or "/etc/vmalert/tls/victoriametrics-client" in text, text
+    assert {"victoriametrics": "file:///etc/victoriametrics/tls/", "vmalert": "/etc/vmalert/tls/victoriametrics-client",
+            "node_exporter": "--web.config.file=/etc/node_exporter/web.yml"}[role] in text, text
     assert "basicAuth.password=" not in text and "Environment" not in text
     test_systemd_accepts_the_unit(rendered_secured, role, tmp_path)
     assert_exposure(rendered_secured, role)

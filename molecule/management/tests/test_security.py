@@ -3,7 +3,8 @@
 it, deletion and the other admin endpoints still need the admin key; TLS chains to the site CA only; the stack's
 own clients (vmalert, the self-scrape) work with the shipped credentials. Alertmanager likewise: without its
 credential every API is refused (401), plain HTTP gets 400, another CA fails the handshake, and its gossip takes only
-the site certificates of the cluster's hosts."""
+the site certificates of the cluster's hosts. node_exporter too: 401 without its credential, 400 to plain HTTP, the
+handshake failing for another CA, the metrics for the credential VictoriaMetrics holds."""
 import json
 import os
 import shlex
@@ -157,8 +158,9 @@ def test_a_certificate_due_is_renewed_and_served():
     result = run_role("pki", {"pki_renew_days": 398, "pki_cert_days": 800})
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "changed: [%s -> localhost]" % MANAGEMENT[0] in result.stdout, result.stdout[-3000:]
-    # every role serving the host certificate installs the renewed one (Alertmanager too: else its next run would)
-    for role in ("victoriametrics", "alertmanager"):
+    # every role serving the host certificate installs the renewed one (Alertmanager and node_exporter too: else
+    # their next run would)
+    for role in ("victoriametrics", "alertmanager", "node_exporter"):
         result = run_role(role)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     served = ("import ssl,sys;sys.stdout.write(ssl.DER_cert_to_PEM_cert(ssl.PEM_cert_to_DER_cert("
@@ -171,6 +173,8 @@ def test_a_certificate_due_is_renewed_and_served():
         assert http(HELPER, "https://%s:8428/health" % name, ca=CA) == (200, "OK")
         assert host(name).file(AM_TLS + "/server.crt").content_string == new
         assert http(name, AM + "/-/ready", **AM_AUTH)[0] == 200
+        assert host(name).file(NE_TLS + "/server.crt").content_string == new
+        assert http(name, NE + "/metrics", **NE_AUTH)[0] == 200
 
 
 # --- Alertmanager (HTTPS, basic auth of the client credential alertmanager-client, mutual TLS on the gossip) -------
@@ -281,3 +285,38 @@ def test_gossip_takes_only_site_certificates_of_the_cluster(other_ca):
     # the other peer, with its own host certificate, is taken (the server waits for memberlist's message)
     assert gossip(MANAGEMENT[1], target, AM_TLS + "/ca.crt", AM_TLS + "/server.crt", AM_TLS + "/server.key") == \
         "accepted"
+
+
+# --- node_exporter (HTTPS, basic auth of the client credential node-exporter-client) ------------------------------
+
+NE = "https://127.0.0.1:9100"
+NE_TLS = "/etc/node_exporter/tls"
+# on a management host VictoriaMetrics holds the credential (its `node` job presents it)
+NE_AUTH = {"ca": NE_TLS + "/ca.crt", "user": "hpcobs", "password_file": VM_TLS + "/node-exporter-client"}
+NES = ["https://%s:9100" % name for name in MANAGEMENT]
+
+
+@pytest.mark.parametrize("url", NES)
+def test_node_exporter_without_its_credential_serves_nothing(url, other_ca):
+    name = url.split("//")[1].split(":")[0]
+    wrong = E2E_DIR + "/ne-wrong-password"
+    write_file(HELPER, wrong, "not-the-password\n")
+    refused = {
+        "no credential": http(HELPER, url + "/metrics", ca=CA),
+        "wrong password": http(HELPER, url + "/metrics", ca=CA, user="hpcobs", password_file=wrong),
+        # VictoriaMetrics' client credential is not node_exporter's
+        "another credential": http(HELPER, url + "/metrics", **CLIENT),
+    }
+    assert {what: status for what, (status, _) in refused.items()} == {what: 401 for what in refused}, refused
+    assert not any("node_exporter_build_info" in body for _, body in refused.values())
+    # plain HTTP gets nothing (Go answers 400 to HTTP on a TLS port), another CA fails the handshake
+    status, body = http(HELPER, url.replace("https://", "http://") + "/metrics")
+    assert status == 400 and "node_exporter_build_info" not in body
+    status, body = http(HELPER, url + "/metrics", ca=other_ca["ca.crt"])
+    assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in body, body[:300]
+    # the credential VictoriaMetrics holds reads the metrics, on the host itself and by the name other hosts use
+    status, body = http(name, NE + "/metrics", **NE_AUTH)
+    assert status == 200 and "node_exporter_build_info{" in body
+    for path, mode in (("/etc/node_exporter/web.yml", 0o640), (NE_TLS + "/server.key", 0o640)):
+        info = host(name).file(path)
+        assert (info.user, info.group, info.mode) == ("root", "node_exporter", mode), path

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import yaml
 
 from hostchecks import assert_runs_as_its_own_user, cmdline
 from mgmt import MANAGEMENT, VM, VM_AUTH, get_json, http, query
@@ -92,6 +93,16 @@ def test_scrape_config_has_one_file_sd_per_enabled_job(host):
         assert "job_name: %s\n" % job not in content
         assert not host.file("/etc/victoriametrics/file_sd/%s.json" % job).exists
     assert "scrape_interval: 15s" in content
+    # node_exporter serves HTTPS with basic auth under the switch (files/components.yml tls: true): its job trusts the
+    # site CA and presents the credential node-exporter-client, from files only root and the service read
+    jobs = {job["job_name"]: job for job in yaml.safe_load(content)["scrape_configs"]}
+    tls = "/etc/victoriametrics/tls"
+    assert jobs["node"]["scheme"] == "https"
+    assert jobs["node"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
+    assert jobs["node"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/node-exporter-client"}
+    credential = host.file(tls + "/node-exporter-client")
+    assert (credential.user, credential.group, credential.mode) == ("root", "victoriametrics", 0o640)
+    assert credential.content_string.strip() not in content
     # the real binary accepts the file as deployed
     assert host.run("/usr/local/bin/victoria-metrics -promscrape.config=/etc/victoriametrics/scrape.yml "
                     "-promscrape.config.dryRun -loggerLevel=ERROR").rc == 0
@@ -120,6 +131,14 @@ def test_every_target_is_scraped_with_a_node_label(host):
     seen = wait_for("every management target up", all_up, timeout=90)
     # the spare GPU node does not exist: its target is there, and down
     assert ("dcgm", "gpu-spare01", "down") in seen
+    # node_exporter is up over HTTPS (the switch is on in this scenario), by the name the certificate carries
+    targets = get_json(name, VM + "/api/v1/targets")["data"]["activeTargets"]
+    node = sorted(t["scrapeUrl"] for t in targets if t["labels"]["job"] == "node" and t["health"] == "up")
+    assert node == ["https://%s:9100/metrics" % mgmt for mgmt in MANAGEMENT]
+    for mgmt in MANAGEMENT:
+        up = wait_for("up of node_exporter on %s" % mgmt,
+                      lambda m=mgmt: query(name, 'up{job="node",node="%s"}' % m), 30)
+        assert [value for _, value in up] == [1.0], up
 
 
 def test_series_of_different_jobs_join_on_node(host):

@@ -9,16 +9,11 @@ import time
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, unit_property
+from nodeexp import scrape
 
-METRICS = "http://127.0.0.1:9100/metrics"
 SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
 UNIT = "/etc/systemd/system/node_exporter.service"
-
-
-def scrape(host):
-    return host.check_output("python3 -c \"import urllib.request,sys;"
-                             "sys.stdout.write(urllib.request.urlopen('%s', timeout=10).read().decode())\"" % METRICS)
 
 
 def test_service_runs_as_its_own_unprivileged_user(host):
