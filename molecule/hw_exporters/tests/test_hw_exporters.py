@@ -70,13 +70,17 @@ def write_file(host, path, content, mode="0600"):
         quote(os.path.dirname(path)), base64.b64encode(content.encode()).decode(), quote(path), mode, quote(path)))
 
 
-@pytest.fixture(autouse=True)
-def client_credentials(host):
+def install_credentials(host):
     """Each component's client credential, from the controller's PKI into a root-only file of the test host."""
     for name in ("ipmi-exporter-client", "smartctl-exporter-client"):
         path = "%s/%s" % (CREDENTIALS, name)
         if not host.file(path).exists:
             write_file(host, path, pki_file("credentials/" + name))
+
+
+@pytest.fixture(autouse=True)
+def client_credentials(host):
+    install_credentials(host)
 
 
 def fetch(host, url, ca="-", user="-", password_file="-", timeout=60):
@@ -466,6 +470,7 @@ SECURED = [("smartctl", "9633", "/metrics", SMART_CA, SMART_PW, "smartctl_export
 def test_secured_endpoint_refuses_clients_without_the_credential(host, what, port, path, ca, password_file, expected):
     # from the other test host, as any client on the network: at the host's name, which its certificate carries
     client = host.get_host("podman://" + other_host(host))
+    install_credentials(client)
     url = "https://%s:%s%s" % (host.backend.name, port, path)
     status, body = fetch(client, url, ca)
     assert status == 401, (what, status, body[:300])
