@@ -211,9 +211,12 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
-        "node_exporter", "victoriametrics", "victoriametrics_reader", "alertmanager", "loki", "grafana"]
+        "node_exporter", "ipmi_exporter", "smartctl_exporter", "victoriametrics", "victoriametrics_reader",
+        "alertmanager", "loki", "grafana"]
     assert service.component_url("node_exporter", secured, "m1", "/metrics") == "https://m1:9100/metrics"
     assert service.component_url("node_exporter", secured, "m2", "/metrics") == "http://m2:9100/metrics"
+    assert service.component_url("smartctl_exporter", secured, "m1", "/metrics") == "https://m1:9633/metrics"
+    assert service.component_urls(["m1", "m2"], "ipmi_exporter", secured) == ["https://m1:9290", "http://m2:9290"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [

@@ -66,3 +66,49 @@ def test_unchecked_targets_are_refused():
         ipmi.front_config({"idrac": ["a&b"]}, BACKEND)
     with pytest.raises(ipmi.AnsibleFilterError):
         ipmi.front_config({}, "0.0.0.0:9291")
+
+
+PASSWORD = "x" * 12 + "-client-pw-1234"
+
+
+def test_under_the_security_switch_the_routes_belong_to_the_client_user():
+    config = ipmi.front_config({"idrac": ["bmc-gpu01"]}, BACKEND, "hpcobs", PASSWORD + "\n")
+    assert config == {"users": [{"username": "hpcobs", "password": PASSWORD, "url_map": [
+        {"src_paths": ["/metrics"], "url_prefix": "http://127.0.0.1:9291"},
+        {"src_paths": ["/ipmi"], "src_query_args": ["target=bmc-gpu01"],
+         "url_prefix": "http://127.0.0.1:9291?module=idrac&target=bmc-gpu01"},
+    ]}]}
+    assert "unauthorized_user" not in config  # nobody else gets anywhere
+
+
+@pytest.mark.parametrize("user,password", [("hpcobs", ""), ("hpcobs", "short"), ("hpcobs", "a" * 16 + "\nb"),
+                                           ("bad user", PASSWORD), ("a:b", PASSWORD)])
+def test_a_bad_client_user_or_credential_is_refused_without_showing_it(user, password):
+    with pytest.raises(ipmi.AnsibleFilterError) as error:
+        ipmi.front_config({}, BACKEND, user, password)
+    assert not password or password not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def vmauth():
+    path = os.path.join(os.environ.get("HPCOBS_TOOLS_BIN", os.path.join(ROOT, ".cache", "tools", "bin")), "vmauth")
+    if not os.access(path, os.X_OK):
+        pytest.skip("vmauth is not in HPCOBS_TOOLS_BIN (make setup)")
+    return path
+
+
+def test_real_vmauth_accepts_the_secured_config(vmauth, tmp_path):
+    import subprocess
+
+    import yaml
+    path = tmp_path / "front.yml"
+    path.write_text(yaml.safe_dump(ipmi.front_config({"idrac": ["bmc-gpu01", "10.1.2.3"]}, BACKEND, "hpcobs",
+                                                     PASSWORD)))
+    proc = subprocess.run([vmauth, "-auth.config=%s" % path, "-dryRun", "-loggerLevel=ERROR"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # and refuses a broken one (the check can fail)
+    path.write_text("users:\n- username: hpcobs\n  password: x\n  url_map: [{src_paths: ['[']}]\n")
+    proc = subprocess.run([vmauth, "-auth.config=%s" % path, "-dryRun", "-loggerLevel=ERROR"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode != 0

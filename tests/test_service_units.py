@@ -58,8 +58,17 @@ def test_the_converted_roles_are_found():
     assert {unit for _, unit in UNITS} <= set(BEFORE), "give a new unit the score of the unit it serves in BEFORE"
 
 
-# Roles whose unit changes with the site's security switch (hpcobs_security): rendered both ways.
-SECURED = ["victoriametrics", "vmalert", "node_exporter"]
+# Units that change with the site's security switch (hpcobs_security), rendered both ways: (role, unit) -> what the
+# secured unit must name (a file, never a secret).
+SECURED = {
+    ("victoriametrics", "victoriametrics"): "file:///etc/victoriametrics/tls/",
+    ("vmalert", "vmalert"): "/etc/vmalert/tls/victoriametrics-client",
+    ("node_exporter", "node_exporter"): "--web.config.file=/etc/node_exporter/web.yml",
+    ("smartctl_exporter", "smartctl_exporter"): "--web.config.file=/etc/smartctl_exporter/web.yml",
+    # the local mode: the exporter serves TLS itself
+    ("ipmi_exporter", "ipmi_exporter"): "--web.config.file=/etc/ipmi_exporter/web.yml",
+    ("ipmi_exporter", "ipmi_exporter-front"): "-tlsKeyFile=/etc/ipmi_exporter/tls/server.key",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +78,7 @@ def rendered(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rendered_secured(tmp_path_factory):
-    return render(tmp_path_factory.mktemp("units-secured"), [(role, role) for role in SECURED], {"hpcobs_security": True})
+    return render(tmp_path_factory.mktemp("units-secured"), list(SECURED), {"hpcobs_security": True})
 
 
 def render(out, units, extra):
@@ -122,14 +131,13 @@ def test_exposure_is_no_worse_than_the_roles_own_unit_was(rendered, role):
     assert_exposure(rendered, role)
 
 
-@pytest.mark.parametrize("role", SECURED)
-def test_the_secured_unit_is_no_worse_and_names_no_secret(rendered_secured, role, tmp_path):
-    text = (rendered_secured / ("%s.service" % role)).read_text()
-    assert {"victoriametrics": "file:///etc/victoriametrics/tls/", "vmalert": "/etc/vmalert/tls/victoriametrics-client",
-            "node_exporter": "--web.config.file=/etc/node_exporter/web.yml"}[role] in text, text
+@pytest.mark.parametrize("role,unit", list(SECURED))
+def test_the_secured_unit_is_no_worse_and_names_no_secret(rendered_secured, role, unit, tmp_path):
+    text = (rendered_secured / ("%s.service" % unit)).read_text()
+    assert SECURED[(role, unit)] in text, text
     assert "basicAuth.password=" not in text and "Environment" not in text
-    test_systemd_accepts_the_unit(rendered_secured, role, tmp_path)
-    assert_exposure(rendered_secured, role)
+    test_systemd_accepts_the_unit(rendered_secured, unit, tmp_path)
+    assert_exposure(rendered_secured, unit)
 
 
 def assert_exposure(rendered, role):

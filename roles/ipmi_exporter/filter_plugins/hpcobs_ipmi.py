@@ -7,6 +7,11 @@ route per allow-listed BMC: the request must carry `target=<that BMC>`, and the 
 the request's `target` and `module` (vmauth merges url_prefix query arguments over the request's), so
 `?target=evil&target=<allowed>` reaches the exporter as the allowed BMC alone, with the module the inventory gives
 it. Any other request is answered 400 by vmauth before the exporter sees it.
+
+Under the site's security switch the front serves TLS (the role's vmauth flags) and the routes belong to one user,
+the stack's client user (hpcobs_client_user) with the credential ipmi-exporter-client: a request without that user
+and password is answered 401 before any route is looked at. The password is read on the controller; the file that
+holds it is written 0640 root:ipmi_exporter without diff and never shown.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ except ImportError:  # pragma: no cover - the unit tests import this file withou
 # an optional port
 TARGET = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)(:[0-9]{1,5})?$")
 LOOPBACK = re.compile(r"^(127\.[0-9.]+|\[::1\]|localhost):[0-9]{1,5}$")
+USER = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def target_problems(targets, modules, backend_listen=""):
@@ -60,17 +66,27 @@ def target_problems(targets, modules, backend_listen=""):
     return problems
 
 
-def front_config(targets, backend_listen):
+def front_config(targets, backend_listen, user="", password=""):
     """vmauth's auth config: /metrics as is (the local BMC; with the local mode off, module "default" has no
-    collectors and probes nothing), /ipmi only for each allow-listed BMC."""
+    collectors and probes nothing), /ipmi only for each allow-listed BMC. With a user (the security switch), only
+    that user with that password reaches the routes; without one, anybody does."""
     if target_problems(targets, {m: {} for m in targets} or {"": {}}, backend_listen):
         raise AnsibleFilterError("hpcobs_ipmi_front_config: the targets were not checked (hpcobs_ipmi_target_problems)")
+    user, password = str(user or ""), str(password or "").strip()
+    if user and not USER.match(user):
+        raise AnsibleFilterError("hpcobs_ipmi_front_config: the client user %r must be letters, digits, . _ -" % (user,))
+    if user and (len(password) < 16 or any(char in password for char in "\n\r\0")):
+        # the value is never shown: it is a credential
+        raise AnsibleFilterError("hpcobs_ipmi_front_config: the client credential of %s is not one line of 16 or more "
+                                 "characters (run playbooks/pki.yml, roles/pki)" % user)
     backend = "http://%s" % backend_listen
     url_map = [{"src_paths": ["/metrics"], "url_prefix": backend}]
     for module in sorted(targets):
         for target in targets[module]:
             url_map.append({"src_paths": ["/ipmi"], "src_query_args": ["target=%s" % target],
                             "url_prefix": "%s?%s" % (backend, urlencode([("module", module), ("target", target)]))})
+    if user:
+        return {"users": [{"username": user, "password": password, "url_map": url_map}]}
     return {"unauthorized_user": {"url_map": url_map}}
 
 
