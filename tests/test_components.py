@@ -214,7 +214,8 @@ def test_the_security_switch_refuses_the_clients_it_cannot_serve_yet():
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
-    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == ["victoriametrics", "alertmanager", "loki", "grafana"]
+    assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
+        "dcgm_exporter", "victoriametrics", "alertmanager", "loki", "grafana"]
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [

@@ -196,12 +196,14 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     assert jobs["alertmanager"]["scheme"] == "https"
     assert jobs["alertmanager"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
     assert jobs["alertmanager"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/alertmanager-client"}
+    assert jobs["dcgm"]["scheme"] == "https" and jobs["dcgm"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
+    assert jobs["dcgm"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/dcgm-exporter-client"}
     assert "basic_auth" not in jobs["node"] and jobs["node"].get("scheme", "http") == "http"
     assert jobs["loki"]["scheme"] == "https"
     assert jobs["loki"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/loki-client"}
     # grafana's job keeps the site's own scheme (an override of this test): no credential for it
     assert json.loads((secured / "credentials.json").read_text()) == [
-        "victoriametrics-client", "victoriametrics-admin", "alertmanager-client", "loki-client"]
+        "victoriametrics-client", "victoriametrics-admin", "alertmanager-client", "dcgm-exporter-client", "loki-client"]
     # switch off: no credential beyond VictoriaMetrics' own, no basic auth anywhere
     assert json.loads((rendered / "credentials.json").read_text()) == ["victoriametrics-client", "victoriametrics-admin"]
     assert not any("basic_auth" in job for job in
