@@ -211,7 +211,7 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.shared_fact("security") is False  # off by default in this release
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
-        "node_exporter", "ipmi_exporter", "smartctl_exporter", "victoriametrics", "victoriametrics_reader",
+        "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "victoriametrics", "victoriametrics_reader",
         "alertmanager", "loki", "grafana"]
     assert service.component_url("node_exporter", secured, "m1", "/metrics") == "https://m1:9100/metrics"
     assert service.component_url("node_exporter", secured, "m2", "/metrics") == "http://m2:9100/metrics"

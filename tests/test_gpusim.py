@@ -153,6 +153,7 @@ class Sim:
         self.env = dict(os.environ)
         self.env.pop("DCGM_HPC_JOB_MAPPING_DIR", None)
         self.env.pop("NODE_NAME", None)
+        self.env.pop("DCGM_EXPORTER_WEB_CONFIG_FILE", None)
         self.env["HPCOBS_GPUSIM_CONFIG"] = "none"    # never read the host's config
         self.env["HPCOBS_GPUSIM_KMSG"] = str(self.kmsg)
         self.env.update(env or {})
@@ -280,7 +281,7 @@ def test_help_documents_flags_faults_and_mapping():
         assert kind in fault_help, kind
     doc = gpusim.__doc__
     for topic in ("JOB MAPPING", "FAULTS", "/dev/kmsg", "logger -t kernel", "systemd-journal-remote",
-                  "_TRANSPORT=kernel", "HTTP 500"):
+                  "_TRANSPORT=kernel", "HTTP 500", "WEB CONFIG", "WWW-Authenticate: Basic", "python3-bcrypt"):
         assert topic in doc, topic
 
 
@@ -295,13 +296,15 @@ def test_shebang_and_stdlib_only():
     for source in sources:
         # absolute imports only: the package's own modules import each other relatively ("from .x import")
         imported = set(re.findall(r"^\s*(?:from|import) ([A-Za-z_][A-Za-z0-9_]*)", source.read_text(), re.M))
-        assert imported <= stdlib | {"hpcobs_gpusim"}, (source.name, imported - stdlib)
+        # the web config alone needs PyYAML and bcrypt (Debian python3-yaml, python3-bcrypt), imported on demand
+        optional = {"yaml", "bcrypt"} if source.name == "webconfig.py" else set()
+        assert imported <= stdlib | {"hpcobs_gpusim"} | optional, (source.name, imported - stdlib)
         found |= imported
     assert len(found) > 10, found
 
 
 def test_go_style_and_ignored_flags_are_accepted(make_sim):
-    extra = ["--kubernetes", "-r", "localhost:5555", "--web-config-file", "/nonexistent.yml",
+    extra = ["--kubernetes", "-r", "localhost:5555",
              "-d", "f", "--xid-count-window-size=300000", "-use-old-namespace",
              "-rbmn", "--no-hostname=false", "--enable-pprof"]
     s = make_sim(extra=extra).start()
@@ -1303,3 +1306,231 @@ def test_unparsable_faults_file(sim):
     sim.fault("clear")                                                     # clear-all starts a new file
     assert json.loads(sim.fault("list", "--json").stdout) == {}
     assert sim.scrape().value("DCGM_FI_DEV_GPU_TEMP", gpu="1") < 60
+
+
+# ---------------------------------------------------------------------------
+# --web-config-file (exporter-toolkit's HTTPS and basic auth)
+# ---------------------------------------------------------------------------
+
+# PyYAML and bcrypt: the interpreter running the tests has them (requirements.txt); /usr/bin/python3 may not
+WEB_LAUNCH = [sys.executable, str(PROG)]
+WEB_USER, WEB_PASSWORD = "hpcobs", "s3cret-Passw0rd"
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def web_pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 signed by it, and a second CA the server does not use."""
+    d = tmp_path_factory.mktemp("webpki")
+    for ca in ("ca", "other-ca"):
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
+                 "-subj", "/CN=%s" % ca, "-keyout", ca + ".key", "-out", ca + ".crt", cwd=d)
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=127.0.0.1",
+             "-keyout", "server.key", "-out", "server.csr", cwd=d)
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", "ext.cnf", "-out", "server.crt", cwd=d)
+    return d
+
+
+def _bcrypt_hash(password):
+    import bcrypt
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def write_web_config(path, pki, tls=True, users=True, **tls_extra):
+    import yaml
+    doc = {}
+    if tls:
+        doc["tls_server_config"] = dict({"cert_file": str(pki / "server.crt"), "key_file": str(pki / "server.key")},
+                                        **tls_extra)
+    if users:
+        doc["basic_auth_users"] = {WEB_USER: _bcrypt_hash(WEB_PASSWORD)}
+    Path(path).write_text(yaml.safe_dump(doc))
+    return path
+
+
+def web_get(port, path="/metrics", scheme="https", cafile=None, auth=None, ctx=None):
+    """(status, headers, body) of one request; TLS trusting cafile only."""
+    import base64
+    import ssl
+    if scheme == "https" and ctx is None:
+        ctx = ssl.create_default_context(cafile=str(cafile))
+    request = urllib.request.Request("%s://127.0.0.1:%d%s" % (scheme, port, path))
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(("%s:%s" % auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=ctx if scheme == "https" else None) as resp:
+            return resp.status, resp.headers, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def start_web_sim(make_sim, config, name="web"):
+    s = make_sim(name=name, extra=["--web-config-file", str(config)], launch=WEB_LAUNCH)
+    s.start(wait=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert s.proc.poll() is None, s.stderr_text()
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", s.port)) == 0:
+                return s
+        time.sleep(0.05)
+    raise AssertionError("simulator did not listen: " + s.stderr_text())
+
+
+def run_with_web_config(config, env=None):
+    run_env = dict(os.environ, HPCOBS_GPUSIM_CONFIG="none", **(env or {}))
+    return subprocess.run(WEB_LAUNCH + ["-a", "127.0.0.1:%d" % free_port(), "-f", str(COUNTERS),
+                                        "--sim-state-dir", tempfile.mkdtemp(), "--web-config-file", str(config)],
+                          env=run_env, capture_output=True, text=True, timeout=20)
+
+
+def test_web_config_serves_https_with_basic_auth(make_sim, web_pki, tmp_path):
+    import ssl
+    s = start_web_sim(make_sim, write_web_config(tmp_path / "web.yml", web_pki))
+    ca = web_pki / "ca.crt"
+    status, _, body = web_get(s.port, cafile=ca, auth=(WEB_USER, WEB_PASSWORD))
+    assert status == 200
+    m = Exposition(body)
+    assert m.gpus() == ["0", "1", "2", "3"] and m.select("DCGM_FI_DEV_GPU_TEMP")
+    assert web_get(s.port, "/health", cafile=ca, auth=(WEB_USER, WEB_PASSWORD))[:1] == (200,)
+    # the job mapping still labels the series behind TLS and auth
+    (s.map / "2").write_text("777\n")
+    _, _, body = web_get(s.port, cafile=ca, auth=(WEB_USER, WEB_PASSWORD))
+    assert [x["labels"].get("hpc_job") for x in Exposition(body).select("DCGM_FI_DEV_GPU_TEMP", gpu="2")] == ["777"]
+    # no credentials, a wrong password, an unknown user, another scheme: 401 with the challenge, as exporter-toolkit
+    for auth in (None, (WEB_USER, "wrong"), ("someone", WEB_PASSWORD), (WEB_USER, "")):
+        status, headers, body = web_get(s.port, cafile=ca, auth=auth)
+        assert (status, headers["WWW-Authenticate"], body) == (401, "Basic", "Unauthorized\n"), auth
+        assert "DCGM_FI" not in body
+    # a client that does not trust the site CA fails the handshake; plain HTTP gets no metrics either
+    with pytest.raises(urllib.error.URLError) as err:
+        web_get(s.port, cafile=web_pki / "other-ca.crt", auth=(WEB_USER, WEB_PASSWORD))
+    assert isinstance(err.value.reason, ssl.SSLCertVerificationError)
+    with pytest.raises((OSError, http_client_errors())):
+        web_get(s.port, scheme="http", auth=(WEB_USER, WEB_PASSWORD))
+    assert s.proc.poll() is None          # and the server keeps serving
+    assert web_get(s.port, cafile=ca, auth=(WEB_USER, WEB_PASSWORD))[0] == 200
+
+
+def http_client_errors():
+    import http.client
+    return http.client.HTTPException
+
+
+def test_web_config_min_version_is_enforced(make_sim, web_pki, tmp_path):
+    import ssl
+    s = start_web_sim(make_sim, write_web_config(tmp_path / "web.yml", web_pki, min_version="TLS13"))
+    ctx = ssl.create_default_context(cafile=str(web_pki / "ca.crt"))
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises(urllib.error.URLError) as err:
+        web_get(s.port, ctx=ctx, auth=(WEB_USER, WEB_PASSWORD))
+    assert isinstance(err.value.reason, ssl.SSLError)
+    ctx13 = ssl.create_default_context(cafile=str(web_pki / "ca.crt"))
+    ctx13.minimum_version = ssl.TLSVersion.TLSv1_3
+    assert web_get(s.port, ctx=ctx13, auth=(WEB_USER, WEB_PASSWORD))[0] == 200
+
+
+def test_web_config_basic_auth_without_tls_stays_plain_http(make_sim, web_pki, tmp_path):
+    s = start_web_sim(make_sim, write_web_config(tmp_path / "web.yml", web_pki, tls=False))
+    assert web_get(s.port, scheme="http")[0] == 401
+    assert web_get(s.port, scheme="http", auth=(WEB_USER, WEB_PASSWORD))[0] == 200
+
+
+def test_web_config_from_the_environment(make_sim, web_pki, tmp_path):
+    config = write_web_config(tmp_path / "web.yml", web_pki)
+    s = make_sim(name="envweb", env={"DCGM_EXPORTER_WEB_CONFIG_FILE": str(config)}, launch=WEB_LAUNCH)
+    s.start(wait=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            status = web_get(s.port, cafile=web_pki / "ca.crt", auth=(WEB_USER, WEB_PASSWORD))[0]
+            if status == 200:
+                break
+        except OSError:
+            assert s.proc.poll() is None, s.stderr_text()
+        time.sleep(0.05)
+    else:
+        raise AssertionError(s.stderr_text())
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(tls_config={}), "tls_config"),                                     # top-level typo
+    (lambda d: d["tls_server_config"].update(certfile="x"), "certfile"),                    # tls typo
+    (lambda d: d.update(http_server_config={"http3": True}), "http3"),
+    (lambda d: d["tls_server_config"].pop("key_file"), "missing one of key or key_file"),
+    (lambda d: d["tls_server_config"].pop("cert_file"), "missing one of cert or cert_file"),
+    (lambda d: d["tls_server_config"].update(min_version="TLS14"), "TLS14"),
+    (lambda d: d["tls_server_config"].update(client_auth_type="Sometimes"), "invalid ClientAuth: Sometimes"),
+    (lambda d: d["tls_server_config"].update(client_ca_file="/etc/hostname"), "without a Client Auth Policy"),
+    (lambda d: d["basic_auth_users"].update(hpcobs="plaintext"), "bcrypt hash"),
+    (lambda d: d["tls_server_config"].update(key_file="/nonexistent/server.key"), "X509KeyPair"),
+])
+def test_web_config_errors_stop_startup(web_pki, tmp_path, mutate, message):
+    import yaml
+    config = write_web_config(tmp_path / "web.yml", web_pki)
+    doc = yaml.safe_load(config.read_text())
+    mutate(doc)
+    config.write_text(yaml.safe_dump(doc))
+    result = run_with_web_config(config)
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and "web config" in result.stderr
+
+
+def test_web_config_repeated_key_and_missing_file_stop_startup(web_pki, tmp_path):
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n  a: x\nbasic_auth_users:\n  b: y\n")
+    result = run_with_web_config(config)
+    assert result.returncode == 1 and "already set" in result.stderr
+    result = run_with_web_config(tmp_path / "absent.yml")
+    assert result.returncode == 1 and "cannot read web config" in result.stderr
+
+
+def test_web_config_without_bcrypt_is_a_clear_error(web_pki, tmp_path):
+    shadow = tmp_path / "shadow" / "bcrypt"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('bcrypt hidden by the test')\n")
+    config = write_web_config(tmp_path / "web.yml", web_pki)
+    result = run_with_web_config(config, env={"PYTHONPATH": str(shadow.parent)})
+    assert result.returncode == 1
+    assert "bcrypt" in result.stderr and "python3-bcrypt" in result.stderr
+    # without basic_auth_users bcrypt is not needed
+    config = write_web_config(tmp_path / "tls-only.yml", web_pki, users=False)
+    result = subprocess.run(WEB_LAUNCH + ["-a", "127.0.0.1:%d" % free_port(), "--help"],
+                            env=dict(os.environ, PYTHONPATH=str(shadow.parent)), capture_output=True, text=True)
+    assert result.returncode == 0 and "--web-config-file" in result.stdout
+    loaded = _web_module().load_web_config(str(config))
+    assert loaded.tls and not loaded.users
+
+
+def _web_module():
+    return importlib.import_module("hpcobs_gpusim.webconfig")
+
+
+def test_bcrypt_check_against_the_projects_own_hashes():
+    sys.path.insert(0, str(ROOT / "playbooks" / "filter_plugins"))
+    try:
+        webconfig_filter = importlib.import_module("hpcobs_webconfig")
+    finally:
+        sys.path.remove(str(ROOT / "playbooks" / "filter_plugins"))
+    import bcrypt
+    web = _web_module()
+    hashed = webconfig_filter.bcrypt_hash(WEB_PASSWORD, "dcgm-exporter-client")
+    assert web.BCRYPT_HASH.match(hashed)
+    assert web.check_password(bcrypt, WEB_PASSWORD, hashed)
+    assert not web.check_password(bcrypt, WEB_PASSWORD + "x", hashed)
+    assert not web.check_password(bcrypt, "", hashed)
+    assert not web.check_password(bcrypt, WEB_PASSWORD, "$2b$10$" + "x" * 53)    # a malformed hash is no match
+    assert web.check_password(bcrypt, "pw", bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode().replace("$2b$", "$2y$"))
+    config = web.WebConfig("web.yml", None, {"hpcobs": hashed}, {}, [])
+    good = "Basic " + __import__("base64").b64encode(("hpcobs:" + WEB_PASSWORD).encode()).decode()
+    assert config.check_basic_auth(good) and config.check_basic_auth(good)       # the second from the cache
+    wrong = "Basic " + __import__("base64").b64encode(("hpcobs:" + WEB_PASSWORD[:-1]).encode()).decode()
+    assert not config.check_basic_auth(wrong)
+    assert not config.check_basic_auth(None) and not config.check_basic_auth("Bearer abc")
+    assert web.parse_basic_auth("Basic " + __import__("base64").b64encode(b"u:p:q").decode()) == ("u", "p:q")
+    assert web.parse_basic_auth("Basic !!!") == (None, None)

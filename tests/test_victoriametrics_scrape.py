@@ -199,11 +199,10 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     assert jobs["node"]["scheme"] == "https"
     assert jobs["node"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
     assert jobs["node"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/node-exporter-client"}
-    assert jobs["smartctl"]["scheme"] == "https"
-    assert jobs["smartctl"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/smartctl-exporter-client"}
+    assert jobs["dcgm"]["scheme"] == "https" and jobs["dcgm"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
+    assert jobs["dcgm"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/dcgm-exporter-client"}
     # not secured yet: plain http, no credential
-    for job in ("dcgm", "vmalert"):
-        assert "basic_auth" not in jobs[job] and jobs[job].get("scheme", "http") == "http", job
+    assert "basic_auth" not in jobs["vmalert"] and jobs["vmalert"].get("scheme", "http") == "http"
     assert jobs["loki"]["scheme"] == "https"
     assert jobs["loki"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/loki-client"}
     assert jobs["smartctl"]["scheme"] == "https"
@@ -212,8 +211,8 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     # grafana's job keeps the site's own scheme (an override of this test): no credential for it; the ipmi job is
     # switched off by this test's overrides: none for ipmi_exporter either
     assert json.loads((secured / "credentials.json").read_text()) == [
-        "victoriametrics-client", "victoriametrics-admin", "alertmanager-client", "loki-client", "node-exporter-client",
-        "smartctl-exporter-client"]
+        "victoriametrics-client", "victoriametrics-admin", "alertmanager-client", "dcgm-exporter-client", "loki-client",
+        "node-exporter-client", "smartctl-exporter-client"]
     # switch off: no credential beyond VictoriaMetrics' own, no basic auth anywhere
     assert json.loads((rendered / "credentials.json").read_text()) == ["victoriametrics-client", "victoriametrics-admin"]
     assert not any("basic_auth" in job for job in

@@ -1,5 +1,7 @@
 """Shared helpers of the gpu_node verify tests: scraping :9400 inside a test host and parsing the text format."""
+import os
 import re
+import shlex
 
 EXPORTER = "http://127.0.0.1:9400"
 MAPPING_DIR = "/run/hpcobs/dcgm-job-mapping"
@@ -34,18 +36,65 @@ def expected(host):
     return EXPECTED[host.backend.name]
 
 
+# The host with the site's security switch on (molecule.yml): the simulator serves HTTPS and basic auth there.
+SECURED = {"gpu_node-debian13"}
+SECURE_EXPORTER = "https://127.0.0.1:9400"
+TLS_DIR = "/etc/dcgm-exporter/tls"
+WEB_CONFIG = "/etc/dcgm-exporter/web-config.yml"
+CLIENT_USER = "hpcobs"
+
+# argv: url, CA file to trust ("-": the system's trust store; "none": plain HTTP), user ("-": no Authorization);
+# the password comes in the environment (HPCOBS_TEST_PASSWORD). Prints the status (0: no HTTP answer, the error
+# follows), the WWW-Authenticate header, then the body.
+_FETCH = (
+    "import base64, os, ssl, sys, urllib.request, urllib.error\n"
+    "url, ca, user, timeout = sys.argv[1:5]\n"
+    "request = urllib.request.Request(url)\n"
+    "if user != '-':\n"
+    "    token = base64.b64encode((user + ':' + os.environ['HPCOBS_TEST_PASSWORD']).encode()).decode()\n"
+    "    request.add_header('Authorization', 'Basic ' + token)\n"
+    "ctx = None if ca == 'none' else ssl.create_default_context(cafile=None if ca == '-' else ca)\n"
+    "try:\n"
+    "    r = urllib.request.urlopen(request, timeout=int(timeout), context=ctx)\n"
+    "    code, challenge, body = r.status, r.headers.get('WWW-Authenticate', ''), r.read().decode()\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    code, challenge, body = e.code, e.headers.get('WWW-Authenticate', ''), e.read().decode()\n"
+    "except Exception as e:\n"
+    "    code, challenge, body = 0, '', '%s: %s' % (type(e).__name__, e)\n"
+    "sys.stdout.write('%d\\n%s\\n' % (code, challenge)); sys.stdout.write(body)\n")
+
+
+def secured(host):
+    return host.backend.name in SECURED
+
+
+def client_password():
+    """The credential dcgm-exporter-client of the scenario's site PKI (on the controller, hpcobs_pki_dir)."""
+    path = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "pki", "credentials", "dcgm-exporter-client")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+def fetch(host, url, ca="none", user=None, password=None, timeout=10):
+    """(status, WWW-Authenticate, body) of a GET inside the test host; status 0 when nothing answered in HTTP (a
+    failed TLS handshake: the body says why)."""
+    env = "HPCOBS_TEST_PASSWORD=%s " % shlex.quote(password) if password is not None else ""
+    out = host.check_output("%spython3 -c %s %s %s %s %d" % (env, shlex.quote(_FETCH), shlex.quote(url), shlex.quote(ca),
+                                                           shlex.quote(user or "-"), timeout))
+    status, _, rest = out.partition("\n")
+    challenge, _, body = rest.partition("\n")
+    return int(status), challenge, body
+
+
 def http_get(host, path, timeout=10):
-    """(status, body) of a GET inside the test host."""
-    script = (
-        "import sys, urllib.request, urllib.error\n"
-        "try:\n"
-        "    r = urllib.request.urlopen('%s%s', timeout=%d); code, body = r.status, r.read()\n"
-        "except urllib.error.HTTPError as e:\n"
-        "    code, body = e.code, e.read()\n"
-        "sys.stdout.write('%%d\\n' %% code); sys.stdout.write(body.decode())\n" % (EXPORTER, path, timeout))
-    out = host.check_output("python3 -c %s", script)
-    status, _, body = out.partition("\n")
-    return int(status), body
+    """(status, body) of a GET inside the test host, as a client of the stack asks: on the secured host over HTTPS
+    trusting the site CA, with the client credential."""
+    if secured(host):
+        status, _, body = fetch(host, SECURE_EXPORTER + path, TLS_DIR + "/ca.crt", CLIENT_USER, client_password(),
+                                timeout)
+    else:
+        status, _, body = fetch(host, EXPORTER + path, timeout=timeout)
+    return status, body
 
 
 def scrape(host):
@@ -121,3 +170,9 @@ def csv_fields(host):
         field, kind, help_text = [part.strip() for part in line.split(",")]
         rows.append((field, kind, help_text))
     return rows
+
+
+def whole_gpu_index(host):
+    """A GPU of the host without MIG instances (its mapping file is "<gpu>")."""
+    exp = expected(host)
+    return [g for g in exp["gpus"] if g not in exp["mig"]][0]

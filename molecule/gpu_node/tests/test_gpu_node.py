@@ -8,8 +8,8 @@ import pytest
 from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
 from polling import wait_for
 
-from gpu_node_lib import (BASE_LABELS, COUNTERS, EXPORTER, MAPPING_DIR, MIG_LABELS, SIM, expected, expected_entities,
-                          http_get, parse, scrape, series, csv_fields)
+from gpu_node_lib import (BASE_LABELS, COUNTERS, EXPORTER, MAPPING_DIR, MIG_LABELS, SIM, WEB_CONFIG, expected,
+                          expected_entities, http_get, parse, scrape, secured, series, csv_fields)
 
 
 def whole_gpu(exp):
@@ -34,7 +34,7 @@ def test_unit_runs_the_simulator_with_the_roles_flags_as_a_dedicated_user(host):
     assert argv[:2] == ["/usr/bin/python3", SIM]
     flags = argv[2:]
     assert flags == ["--collectors", COUNTERS, "--address", ":9400", "--collect-interval", "30000",
-                     "--hpc-job-mapping-dir", MAPPING_DIR]
+                     "--hpc-job-mapping-dir", MAPPING_DIR] + (["--web-config-file", WEB_CONFIG] if secured(host) else [])
 
 
 @pytest.mark.parametrize("setting,value", [
@@ -79,9 +79,10 @@ def test_simulator_config_from_role_variables(host):
 def test_health_is_200_ok_with_registry_header_like_dcgm_exporter_4_8(host):
     # lab_gpu_simulator_emulate defaults to the newest dcgm-exporter release (4.8.x); up to 4.7.x the body was "KO"
     assert http_get(host, "/health") == (200, "OK")
-    script = ("import urllib.request; r = urllib.request.urlopen('%s/health', timeout=10); "
-              "print(r.headers['X-Registry-Available'])" % EXPORTER)
-    assert host.check_output("python3 -c %s", script) == "true"
+    if not secured(host):  # (the secured host: test_security.py)
+        script = ("import urllib.request; r = urllib.request.urlopen('%s/health', timeout=10); "
+                  "print(r.headers['X-Registry-Available'])" % EXPORTER)
+        assert host.check_output("python3 -c %s", script) == "true"
 
 
 def test_simulator_installed_as_package_and_launcher(host):

@@ -3,7 +3,7 @@ start at boot and the simulator's energy counter (kept in its StateDirectory) ca
 import subprocess
 import time
 
-from gpu_node_lib import MAPPING_DIR, expected, parse, scrape, series
+from gpu_node_lib import MAPPING_DIR, expected, http_get, parse, scrape, series
 
 
 def energy(host, gpu):
@@ -16,9 +16,7 @@ def wait_until_ready(host, timeout=120):
     while time.time() < deadline:
         state = host.run("systemctl is-system-running --wait")
         if state.stdout.strip() in ("running", "degraded"):
-            status = host.run("python3 -c \"import urllib.request;urllib.request.urlopen("
-                              "'http://127.0.0.1:9400/metrics', timeout=5)\"")
-            if status.rc == 0:
+            if http_get(host, "/metrics", timeout=5)[0] == 200:
                 return
         time.sleep(1)
     raise AssertionError("%s did not come back after the reboot" % host.backend.name)

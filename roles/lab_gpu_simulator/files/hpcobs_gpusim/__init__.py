@@ -6,8 +6,10 @@ on the distribution python3 (3.11 and newer): common (constants, logging),
 fields (DCGM field ids, XID texts, data/), counters (the CSV), identity,
 model (hardware, MIG, value dynamics), mapping (Slurm job files), faults
 (fault store, kernel lines), render (text format), emulate (release
-behaviour), server (HTTP) and cli (settings, command line).  The launcher
-hpcobs-gpusim finds it next to itself or in ../lib/hpcobs-gpusim.
+behaviour), server (HTTP), webconfig (--web-config-file) and cli (settings,
+command line).  Only a web config needs more than the standard library:
+PyYAML and bcrypt (see WEB CONFIG).  The launcher hpcobs-gpusim finds it
+next to itself or in ../lib/hpcobs-gpusim.
 
 SERVING METRICS
     hpcobs-gpusim [dcgm-exporter flags] [--sim-* options]
@@ -27,6 +29,9 @@ SERVING METRICS
     -o, --use-old-namespace      spell the UUID label "uuid"
     --rbmn, --replace-blanks-in-model-name
                                  dashes instead of blanks in modelName
+    --web-config-file FILE       exporter-toolkit web config: HTTPS and basic
+                                 auth (env DCGM_EXPORTER_WEB_CONFIG_FILE,
+                                 default none: plain HTTP).  See WEB CONFIG.
     --debug                      log every request
     --emulate RELEASE            dcgm-exporter release to behave like
                                  (env HPCOBS_GPUSIM_EMULATE, key "emulate"):
@@ -36,12 +41,51 @@ SERVING METRICS
                                  (4.5.3-4.8.2) picks its row.  See EMULATION.
 
   Every other dcgm-exporter flag (--kubernetes, -r/--remote-hostengine-info,
-  --web-config-file, -d/--devices, --config-file, --web-systemd-socket, ...)
-  is accepted and ignored; the simulator has no hostengine, no Kubernetes and
-  serves plain HTTP.  Single-dash long flags (-collectors) work as in Go.
+  -d/--devices, --config-file, --web-systemd-socket, ...) is accepted and
+  ignored; the simulator has no hostengine and no Kubernetes.  Single-dash
+  long flags (-collectors) work as in Go.
 
   Endpoints: /metrics, /health (HTTP 200; the body and headers depend on
-  --emulate), / (a small HTML page).
+  --emulate), / (a small HTML page).  Without --web-config-file they are
+  served over plain HTTP to anyone, as dcgm-exporter does.
+
+WEB CONFIG (--web-config-file)
+  dcgm-exporter serves through the Prometheus exporter-toolkit; so does the
+  simulator, with the toolkit's file format (docs/web-configuration.md):
+
+      tls_server_config:
+        cert_file: /etc/dcgm-exporter/tls/server.crt
+        key_file: /etc/dcgm-exporter/tls/server.key
+        min_version: TLS12
+      basic_auth_users:
+        hpcobs: $2b$10$...            (a bcrypt hash, never the password)
+
+  * The file is read once at start and strictly, as the toolkit's
+    yaml.UnmarshalStrict reads it: an unknown or repeated key (top level:
+    tls_server_config, http_server_config, rate_limit, basic_auth_users),
+    a wrong type, cert_file without key_file (or the reverse), an unknown
+    min_version/max_version (TLS10-TLS13) or client_auth_type, a client CA
+    without a client_auth_type, a basic_auth_users value that is not a
+    bcrypt hash, or a certificate that does not load stop the program at
+    start (exit status 1) with a message naming the key.  Relative paths
+    are taken from the file's directory.
+  * tls_server_config with cert_file and key_file: HTTPS only (Python's ssl;
+    min_version and max_version map to the TLS versions accepted, default
+    TLS12-TLS13).  client_auth_type VerifyClientCertIfGiven or
+    RequireAndVerifyClientCert with client_ca_file verify client
+    certificates, client_allowed_sans checks their names.  Not simulated
+    (refused at start): inline cert/key/client_ca, cipher_suites,
+    curve_preferences, RequestClientCert, RequireAnyClientCert, rate_limit.
+    Without tls_server_config the server stays plain HTTP.
+  * basic_auth_users: every request needs "Authorization: Basic" with one of
+    the users and a password matching its bcrypt hash ($2a$, $2b$, $2y$);
+    otherwise HTTP 401 "Unauthorized" with "WWW-Authenticate: Basic", as the
+    toolkit answers.  A successful check is cached (bcrypt is slow on
+    purpose).  http_server_config.headers are added to every response.
+  * Needs: PyYAML (Debian python3-yaml) to read the file and bcrypt (Debian
+    python3-bcrypt) when basic_auth_users is set; either missing is a clear
+    start-up error.  The lab_gpu_simulator role installs both when the
+    site's security switch is on.
 
 EMULATION (--emulate)
     4.7    dcgm-exporter up to 4.7.x (4.4.2-4.7.1): /health body "KO",

@@ -156,7 +156,7 @@ IGNORED_FLAGS = [
     (("--kubernetes-enable-pod-labels",), False), (("--kubernetes-enable-pod-uid",), False),
     (("--kubernetes-gpu-id-type",), True), (("--kubernetes-pod-label-allowlist-regex",), True),
     (("-d", "--devices"), True), (("-s", "--switch-devices"), True),
-    (("--fake-gpus",), False), (("--web-config-file",), True),
+    (("--fake-gpus",), False),
     (("-x", "--xid-count-window-size"), True), (("--clock-events-count-window-size",), True),
     (("--enable-dcgm-log",), False), (("--dcgm-log-level",), True), (("--log-format",), True),
     (("--pod-resources-kubelet-socket",), True), (("--container-labels",), False),
@@ -220,6 +220,10 @@ def build_serve_parser():
                         type=go_bool, metavar="BOOL", dest="replace_blanks_in_model_name",
                         default=env_bool("DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME"),
                         help="dashes instead of blanks in modelName")
+    parser.add_argument("--web-config-file", metavar="FILE",
+                        default=env.get("DCGM_EXPORTER_WEB_CONFIG_FILE", ""),
+                        help="exporter-toolkit web config: HTTPS and basic auth "
+                             "(env DCGM_EXPORTER_WEB_CONFIG_FILE; default none: plain HTTP)")
     parser.add_argument("--debug", nargs="?", const=True, metavar="BOOL", type=go_bool,
                         default=env_bool("DCGM_EXPORTER_DEBUG"), help="log every request")
     parser.add_argument("-v", "--version", action="version", version="%s %s" % (PROG, VERSION))

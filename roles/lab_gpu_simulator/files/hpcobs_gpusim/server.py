@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,7 @@ from .faults import FaultStoreError, empty_faults, load_faults
 from .mapping import MappingError, read_mapping_dir
 from .model import Simulator
 from .render import render_metrics
+from .webconfig import load_web_config
 
 
 # ---------------------------------------------------------------------------
@@ -166,6 +168,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = PROG + "/" + VERSION
     sys_version = ""
     exporter = None  # set on the subclass
+    web = None       # the --web-config-file (webconfig.WebConfig), set on the subclass; None: no auth
 
     def log_message(self, fmt, *args):  # noqa: N802 (stdlib name)
         log("DEBUG", "request", client=self.client_address[0], line=fmt % args)
@@ -175,6 +178,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status, body, content_type="text/plain; charset=utf-8", head=False, headers=()):
         self.send_response(status)
+        for name, value in (self.web.headers.items() if self.web else ()):
+            self.send_header(name, value)
         for name, value in headers:
             self.send_header(name, value)
         self.send_header("Content-Type", content_type)
@@ -185,6 +190,10 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _route(self, head):
+        if self.web and not self.web.check_basic_auth(self.headers.get("Authorization")):
+            # exporter-toolkit's answer to a missing or wrong user or password (web/handler.go)
+            self._send(401, b"Unauthorized\n", head=head, headers=[("WWW-Authenticate", "Basic")])
+            return
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             try:
@@ -218,6 +227,30 @@ class DualStackServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     dual_stack = False
+    ssl_context = None      # HTTPS when set (--web-config-file with tls_server_config)
+    web = None
+    handshake_timeout = 10.0
+
+    def get_request(self):
+        sock, address = super().get_request()
+        if self.ssl_context is not None:
+            # the handshake happens in the request's thread (finish_request): a slow client blocks no other
+            sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def finish_request(self, request, client_address):
+        if self.ssl_context is not None:
+            try:
+                request.settimeout(self.handshake_timeout)
+                request.do_handshake()
+                request.settimeout(None)
+            except (OSError, ssl.SSLError) as exc:
+                log("DEBUG", "TLS handshake error", client=client_address[0], error=exc)
+                return
+            if not self.web.peer_allowed(request.getpeercert()):
+                log("DEBUG", "client certificate carries none of client_allowed_sans", client=client_address[0])
+                return
+        super().finish_request(request, client_address)
 
     def server_bind(self):
         if self.dual_stack:
@@ -271,6 +304,13 @@ def serve(opts, settings):
     except CsvError as exc:
         log("ERROR", "failed to get counters", error=exc)
         return 1
+    web = None
+    if opts.web_config_file:
+        try:
+            web = load_web_config(opts.web_config_file)
+        except ConfigError as exc:
+            log("ERROR", "Failed to load the web config file.", error=exc)
+            return 1
     log("INFO", "Starting dcgm-exporter simulator", Version=VERSION, emulate=settings["emulation"].name,
         gpus=settings["gpus"], model=settings["model"], hostname=settings["hostname"])
     try:
@@ -278,12 +318,14 @@ def serve(opts, settings):
     except ConfigError as exc:
         log("ERROR", str(exc))
         return 1
-    handler = type("BoundHandler", (Handler,), {"exporter": exporter})
+    handler = type("BoundHandler", (Handler,), {"exporter": exporter, "web": web})
     try:
         server = make_server(opts.address, handler)
     except (OSError, ConfigError) as exc:
         log("ERROR", "Failed to Listen and Server HTTP server.", error=exc)
         return 1
+    server.web = web
+    server.ssl_context = web.ssl_context if web else None
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -308,6 +350,9 @@ def serve(opts, settings):
     threading.Thread(target=ticker, daemon=True).start()
     bound = server.server_address
     log("INFO", "Starting webserver", address="%s:%s" % (bound[0], bound[1]))
+    if web:
+        log("INFO", "TLS is enabled." if server.ssl_context else "TLS is disabled.",
+            address="%s:%s" % (bound[0], bound[1]), basic_auth=bool(web.users))
     while not stop.wait(1.0):
         pass
     log("INFO", "Shutting down gracefully...")
