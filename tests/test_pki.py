@@ -192,3 +192,16 @@ def test_the_role_makes_the_per_host_credentials_of_every_host_and_the_reader_cr
         service.client_credential("nodeexporter")
     tasks = open(os.path.join(ROOT, "roles", "pki", "tasks", "main.yml")).read()
     assert "pki_credentials + (pki_host_credentials | hpcobs_pki_host_credentials(pki_hosts))" in tasks
+
+
+def test_a_client_password_is_read_from_the_pki_or_named_missing(tmp_path):
+    (tmp_path / "credentials").mkdir()
+    with pytest.raises(service.AnsibleFilterError, match="run playbooks/pki.yml"):
+        service.client_password("node_exporter", str(tmp_path))
+    (tmp_path / "credentials" / "node-exporter-client").write_text("")
+    with pytest.raises(service.AnsibleFilterError, match="is empty"):
+        service.client_password("node_exporter", str(tmp_path))
+    (tmp_path / "credentials" / "node-exporter-client").write_text("s3cret-s3cret-s3cret\n")
+    assert service.client_password("node_exporter", str(tmp_path)) == "s3cret-s3cret-s3cret"
+    with pytest.raises(service.AnsibleFilterError, match="not a component"):
+        service.client_password("nodeexporter", str(tmp_path))

@@ -370,6 +370,21 @@ def pki_path(relative="", pki_dir=""):
     return os.path.join(base, relative) if relative else base
 
 
+def client_password(name, pki_dir=""):
+    """The password a client of component `name` presents (the site PKI's credential client_credential(name)), read
+    on the controller; a clear error when the PKI has not made it yet."""
+    path = pki_path("credentials/" + client_credential(name), pki_dir)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = handle.read().strip()
+    except OSError as err:
+        raise AnsibleFilterError("the credential %s cannot be read (%s): run playbooks/pki.yml (roles/pki) first"
+                                 % (path, err.strerror)) from None
+    if not value:
+        raise AnsibleFilterError("the credential %s is empty: remove it and run playbooks/pki.yml" % path)
+    return value
+
+
 def peer_names(host, hostvars, components=None):
     """The peer_name of every component (files/components.yml) whose groups the host is in (its group_names)."""
     components = load_components() if components is None else components
@@ -574,6 +589,7 @@ class FilterModule:
             "hpcobs_slurm_token_due": slurm_token_due,
             "hpcobs_slurm_token_minted": slurm_token_minted,
             "hpcobs_client_credential": client_credential,
+            "hpcobs_client_password": client_password,
             "hpcobs_component_hosts": component_hosts,
             "hpcobs_components_flagged": components_flagged,
             "hpcobs_component_listen": component_listen,
