@@ -6,18 +6,30 @@ the switch off keeps plain HTTP and has no TLS files."""
 import re
 
 import pytest
+import testinfra
 
-from gpu_node_lib import (CLIENT_USER, EXPORTER, MAPPING_DIR, SECURE_EXPORTER, TLS_DIR, WEB_CONFIG, client_password,
-                          fetch, parse, secured, series, whole_gpu_index)
+from gpu_node_lib import (CLIENT_USER, EXPECTED, EXPORTER, MAPPING_DIR, SECURE_EXPORTER, SECURED, TLS_DIR, WEB_CONFIG,
+                          client_password, fetch, parse, series, whole_gpu_index)
 
 CA = TLS_DIR + "/ca.crt"
 
 
-@pytest.fixture
-def secured_host(host):
-    if not secured(host):
-        pytest.skip("the security switch is off on %s (test_plain_host_serves_http_without_tls_files)" % host.backend.name)
-    return host
+# The switch is on for the hosts of SECURED only: the secured tests run on those, the plain one on the others.
+PLAIN = sorted(set(EXPECTED) - SECURED)
+
+
+@pytest.fixture(scope="module", params=sorted(SECURED))
+def secured_host(request):
+    return testinfra.get_host("podman://%s" % request.param)
+
+
+@pytest.fixture(scope="module", params=PLAIN)
+def plain_host(request):
+    return testinfra.get_host("podman://%s" % request.param)
+
+
+def test_the_scenario_has_a_secured_and_a_plain_host():
+    assert SECURED and PLAIN and SECURED <= set(EXPECTED)
 
 
 def test_without_credentials_the_exporter_answers_401_with_a_basic_challenge(secured_host):
@@ -88,9 +100,8 @@ def test_tls_files_and_web_config_modes(secured_host):
         assert secured_host.package(package).is_installed, package
 
 
-def test_plain_host_serves_http_without_tls_files(host):
-    if secured(host):
-        pytest.skip("the security switch is on on %s" % host.backend.name)
+def test_plain_host_serves_http_without_tls_files(plain_host):
+    host = plain_host
     status, challenge, body = fetch(host, EXPORTER + "/metrics")
     assert status == 200 and challenge == "" and "DCGM_FI_DEV_GPU_TEMP" in body
     assert not host.file(TLS_DIR).exists and not host.file(WEB_CONFIG).exists
