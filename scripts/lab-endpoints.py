@@ -6,14 +6,23 @@ A management UI or API (`lab: true` in the map) is published on 127.0.0.1 at its
 
     scripts/lab-endpoints.py ports HOST        "hostport:containerport ..." for podman run -p 127.0.0.1:...
     scripts/lab-endpoints.py status [DISABLED]  each endpoint and whether it answers (DISABLED: components not deployed)
+    scripts/lab-endpoints.py security           "on" or "off": the lab's security switch
+
+With the site's security switch on (the lab's default), a component marked `tls: true` serves HTTPS from the lab's
+site CA (.cache/lab/pki, inventories/lab/group_vars/all.yml): the check trusts that CA, and where an endpoint asks
+for a credential it presents the component's client credential (<component>-client) as the stack's own clients do.
 """
+import base64
 import os
+import ssl
 import sys
+import urllib.error
 import urllib.request
 
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKI = os.path.join(ROOT, ".cache", "lab", "pki")
 
 
 def lab_hosts(inventory):
@@ -45,31 +54,84 @@ def endpoints(components, hosts, log_shipper="promtail"):
     return out
 
 
-def load():
+def components_map():
     with open(os.path.join(ROOT, "files", "components.yml"), encoding="utf-8") as handle:
-        components = yaml.safe_load(handle)["components"]
+        return yaml.safe_load(handle)
+
+
+def load():
     with open(os.path.join(ROOT, "inventories", "lab", "hosts.yml"), encoding="utf-8") as handle:
         hosts = lab_hosts(yaml.safe_load(handle))
-    return endpoints(components, hosts)
+    return endpoints(components_map()["components"], hosts)
+
+
+def lab_security():
+    """The lab's security switch: hpcobs_security of inventories/lab/group_vars/all.yml, else the map's default."""
+    with open(os.path.join(ROOT, "inventories", "lab", "group_vars", "all.yml"), encoding="utf-8") as handle:
+        lab_vars = yaml.safe_load(handle) or {}
+    return bool(lab_vars.get("hpcobs_security", components_map()["shared"]["security"]))
+
+
+def client_credential(component):
+    """The file of a component's client credential in the lab's PKI (roles/pki: <component>-client, dashes)."""
+    return os.path.join(PKI, "credentials", component.replace("_", "-") + "-client")
+
+
+def probe(url, component, context):
+    """'up', 'HTTP <code>' or 'down (<why>)' of one endpoint: without a credential first, then (on 401) with the
+    component's client credential, as the stack's own client of it."""
+    headers = {}
+    for attempt in (1, 2):
+        try:
+            code = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3,
+                                          context=context).status
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        except Exception as exc:  # noqa: BLE001 - report whatever went wrong
+            return "down (%s)" % getattr(exc, "reason", exc)
+        if code == 401 and attempt == 1 and os.path.exists(client_credential(component)):
+            with open(client_credential(component), encoding="utf-8") as handle:
+                secret = handle.read().strip()
+            user = components_map()["shared"]["client_user"]
+            headers = {"Authorization": "Basic " + base64.b64encode(("%s:%s" % (user, secret)).encode()).decode()}
+            continue
+        break
+    if code != 200:
+        return "HTTP %d" % code
+    return "up (%s)" % ("credential" if headers else "open") if context else "up"
 
 
 def status(disabled):
+    secure = lab_security()
+    context = None
+    if secure:
+        if not os.path.exists(os.path.join(PKI, "ca.crt")):
+            print("  the lab's site CA %s is not there yet: run make lab" % os.path.join(PKI, "ca.crt"))
+            return
+        context = ssl.create_default_context(cafile=os.path.join(PKI, "ca.crt"))
+        # the host certificate of the management host: the endpoints that take client certificates only
+        mgmt = os.path.join(PKI, "hosts", "mgmt01")
+        if os.path.exists(mgmt + ".crt"):
+            context.load_cert_chain(mgmt + ".crt", mgmt + ".key")
+    tls = {name for name, entry in components_map()["components"].items() if entry.get("tls")}
     for host, name, published, _, path in load():
-        url = "http://127.0.0.1:%d%s" % (published, path)
+        scheme = "https" if secure and name in tls else "http"
+        url = "%s://127.0.0.1:%d%s" % (scheme, published, path)
         if name in disabled:
             state = "not deployed (not in the bundle)"
         else:
-            try:
-                code = urllib.request.urlopen(url, timeout=3).status
-                state = "up" if code == 200 else "HTTP %d" % code
-            except Exception as exc:  # noqa: BLE001 - report whatever went wrong
-                state = "down (%s)" % getattr(exc, "reason", exc)
+            state = probe(url, name, context if scheme == "https" else None)
         print("  %-32s %-42s %s" % ("%s %s" % (name, host), url, state))
+    if secure:
+        print("\nTLS and authentication are on (hpcobs_security): browsers and clients trust the lab's site CA %s;"
+              "\nthe client credentials are in %s." % (os.path.join(PKI, "ca.crt"), os.path.join(PKI, "credentials")))
 
 
 def main(argv):
     if len(argv) >= 2 and argv[0] == "ports":
         print(" ".join("%d:%d" % (published, port) for host, _, published, port, _ in load() if host == argv[1]))
+    elif argv and argv[0] == "security":
+        print("on" if lab_security() else "off")
     elif argv and argv[0] == "status":
         status(set(" ".join(argv[1:]).split()))
     else:

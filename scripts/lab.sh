@@ -152,14 +152,30 @@ jobs() {
   podman exec "${prefix}slurmctl01" hpcobs-lab-jobs
 }
 
-# The report and the executive board from the lab's VictoriaMetrics (mgmt01, its port 8428), no Grafana needed.
+# The report and the executive board from the lab's VictoriaMetrics, no Grafana needed: with the security switch on
+# (the lab's default), through its read-only front (mgmt01 port 8427) as the Slurm hosts' tools reach it, trusting the
+# lab's site CA, with the reader credential (a settings file like /etc/hpcobs/jobstats.conf, in the lab's state);
+# with it off, VictoriaMetrics itself (port 8428) over plain HTTP.
 report() {
-  url=http://127.0.0.1:$(host_port mgmt01 8428)
   out=.cache/lab-report
   mkdir -p "$out"
+  conf=$state/jobstats.conf
+  pki=$root/$state/pki
+  if [ "$(python3 scripts/lab-endpoints.py security)" = on ]; then
+    {
+      echo "# written by scripts/lab.sh report: the lab's read-only front, its CA and the reader credential"
+      echo "url = https://127.0.0.1:$(host_port mgmt01 8427)"
+      echo "ca_file = $pki/ca.crt"
+      echo "user = $(python3 -c 'import yaml; print(yaml.safe_load(open("files/components.yml"))["shared"]["client_user"])')"
+      echo "password_file = $pki/credentials/victoriametrics-reader-client"
+    } >"$conf"
+  else
+    echo "url = http://127.0.0.1:$(host_port mgmt01 8428)" >"$conf"
+  fi
+  export HPCOBS_JOBSTATS_CONF="$root/$conf"
   tool=roles/slurm_metrics/files/hpcobs-report
-  python3 "$tool" --url "$url" --month-to-date --out-dir "$out" >/dev/null
-  python3 "$tool" board --url "$url" --out-dir "$out" --range 24h >/dev/null
+  python3 "$tool" --month-to-date --out-dir "$out" >/dev/null
+  python3 "$tool" board --out-dir "$out" --range 24h >/dev/null
   say "wrote into $out:"
   for file in "$out"/hpcobs-*; do
     printf '  %s  %s bytes\n' "$file" "$(wc -c <"$file")"

@@ -43,7 +43,9 @@ SITE = {
     "alertmanager_routes_extra": [{"matchers": ['maintenance="true"'], "receiver": "maintenance"}],
 }
 
-INVENTORY = {"all": {"children": {
+# A site that opts out of the security switch (on by default): the plain mode's flags (the secured unit, gossip TLS
+# and web configuration included, runs in the management scenario).
+INVENTORY = {"all": {"vars": {"hpcobs_security": False}, "children": {
     # _alertmanager_cluster_ip: what preflight resolves on the host (getent ahosts, kept if one of its own addresses)
     "management": {"hosts": {"mgmt01.example": {"_alertmanager_cluster_ip": "10.0.0.1"},
                              "mgmt02.example": {"alertmanager_listen_address": "[fd00::2]:9093",

@@ -100,14 +100,16 @@ def test_a_host_that_moves_a_service_is_reached_on_its_own_port():
     hostvars = {"m1": {"alertmanager_listen_address": ":19093", "loki_http_listen_port": 3200},
                 "m2": {"ansible_host": "10.0.0.2"},
                 "m3": {"alertmanager_listen_address": "192.0.2.7:9093", "hpcobs_address": "m3.example"}}
+    # the security switch is on by default: every component marked tls is reached over https
     assert service.component_urls(["m1", "m2", "m3"], "alertmanager", hostvars) == \
-        ["http://m1:19093", "http://10.0.0.2:9093", "http://192.0.2.7:9093"]
-    assert service.component_url("loki", hostvars, "m1", "/ready") == "http://m1:3200/ready"
-    assert service.component_url("loki", hostvars, "m2", scheme="https") == "https://10.0.0.2:3100"
+        ["https://m1:19093", "https://10.0.0.2:9093", "https://192.0.2.7:9093"]
+    assert service.component_url("loki", hostvars, "m1", "/ready") == "https://m1:3200/ready"
+    assert service.component_url("loki", hostvars, "m2", scheme="http") == "http://10.0.0.2:3100"
+    assert service.component_url("slurm_metrics", hostvars, "m2", "/metrics") == "http://10.0.0.2:9341/metrics"
     # the host's own clients (Grafana's datasources, vmalert) stay on the host
-    assert service.component_local_url("alertmanager", hostvars, "m1") == "http://127.0.0.1:19093"
-    assert service.component_local_url("alertmanager", hostvars, "m3") == "http://192.0.2.7:9093"
-    assert service.component_local_url("victoriametrics", hostvars, "m2") == "http://127.0.0.1:8428"
+    assert service.component_local_url("alertmanager", hostvars, "m1") == "https://127.0.0.1:19093"
+    assert service.component_local_url("alertmanager", hostvars, "m3") == "https://192.0.2.7:9093"
+    assert service.component_local_url("victoriametrics", hostvars, "m2") == "https://127.0.0.1:8428"
     with pytest.raises(service.AnsibleFilterError, match="not a port"):
         service.component_url("loki", {"x": {"loki_http_listen_port": "http"}}, "x")
     with pytest.raises(service.AnsibleFilterError, match="not a component with a port"):
@@ -208,7 +210,7 @@ def test_the_security_switch_is_a_boolean_and_refuses_no_component():
 
 
 def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tls():
-    assert service.shared_fact("security") is False  # off by default in this release
+    assert service.shared_fact("security") is True  # on by default; hpcobs_security: false opts out
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
         "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "victoriametrics", "victoriametrics_reader",
@@ -220,7 +222,7 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.component_url("victoriametrics", secured, "m1", "/health") == "https://m1:8428/health"
     assert service.component_local_url("victoriametrics", secured, "m1") == "https://127.0.0.1:8428"
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
-        "https://m1:8428", "http://m2:8428", "http://m3:8428"]
+        "https://m1:8428", "http://m2:8428", "https://m3:8428"]  # m3 sets nothing: the default
     assert service.component_urls(["m1", "m2"], "alertmanager", secured) == ["https://m1:9093", "http://m2:9093"]
     # components not secured yet stay http; an explicit scheme still wins
     assert service.component_url("vmalert", secured, "m1") == "http://m1:8880"

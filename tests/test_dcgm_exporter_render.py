@@ -69,6 +69,8 @@ def rendered(tmp_path_factory):
             "role_path": str(ROLE),
             "ansible_facts": {"os_family": "Debian"},
             "_out": str(out / case),
+            # the plain mode (a site's opt-out of the security switch); the secured unit runs in the gpu_node scenario
+            "hpcobs_security": False,
         })
         variables.update(overrides)
         plays.append({

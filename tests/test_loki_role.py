@@ -203,7 +203,10 @@ def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("loki-role")
     make_bundle(out / "bundle")
     # the gpu_node cases run on both01, a host of both management and gpu_nodes
-    inventory = {"all": {"children": {"management": {"hosts": {"mgmt01": {}, "both01": {}}},
+    # a site that opts out of the security switch (on by default): Loki without its front (vmauth is not in this
+    # test's bundle; the front runs in the logs scenario and tests/test_loki_front.py)
+    inventory = {"all": {"vars": {"hpcobs_security": False},
+                         "children": {"management": {"hosts": {"mgmt01": {}, "both01": {}}},
                                       "gpu_nodes": {"hosts": {"gpu01": {}, "both01": {}}}}}}
     play = PLAYBOOK.format(role=ROLE, out=out, bundle=out / "bundle", facts=json.dumps(FACTS))
     for name, (values, _) in sorted(PREFLIGHT_CASES.items()):

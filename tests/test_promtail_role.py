@@ -87,7 +87,10 @@ def rendered(tmp_path_factory):
     out = tmp_path_factory.mktemp("promtail-role")
     make_bundle(out / "bundle", "promtail")
     # the management host publishes another Loki port: the default URL follows it
-    inventory = {"all": {"children": {"management": {"hosts": {"mgmt01": {"loki_http_listen_port": 3200}}},
+    # a site that opts out of the security switch (on by default): plain pushes (the secured ones run in the logs
+    # scenario and tests/test_promtail_standin.py)
+    inventory = {"all": {"vars": {"hpcobs_security": False},
+                         "children": {"management": {"hosts": {"mgmt01": {"loki_http_listen_port": 3200}}},
                                       "gpu_nodes": {"hosts": {"gpu01.cluster.example.org": {}}}}}}
     play = PLAYBOOK.replace("hosts: gpu01", "hosts: gpu01.cluster.example.org")
     play = play.format(role=ROLE, out=out, bundle=out / "bundle", facts=json.dumps(FACTS))

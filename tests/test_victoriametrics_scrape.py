@@ -89,7 +89,8 @@ def render(tmp_path_factory, extra=None):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    return render(tmp_path_factory)
+    """A site that opts out of the security switch (on by default): plain HTTP, no credentials."""
+    return render(tmp_path_factory, {"hpcobs_security": False})
 
 
 @pytest.fixture(scope="module")

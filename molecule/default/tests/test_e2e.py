@@ -7,6 +7,9 @@ physics -> the fault is cleared and the job ends -> the alert resolves. The same
 (chemistry: the team's receiver, not on-call) and for an XID 79 (on-call). Then every dashboard panel's query is
 evaluated against this VictoriaMetrics.
 
+The stack runs with the site's security switch on (its default): the tests reach VictoriaMetrics as its clients do,
+over HTTPS trusting the site CA, with the client credential victoriametrics-client of the scenario's PKI.
+
 The tests run in order and share one state (the module-scoped `e2e` fixture); timings are collected in it and
 written to .cache/logs/e2e-timings.json.
 """
@@ -15,6 +18,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -22,6 +26,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
+import site_tls
+import yaml
 from polling import wait_for
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -50,7 +56,7 @@ def address(host):
 
 class E2E:
     def __init__(self):
-        self.vm = "http://%s:8428" % address(MGMT)
+        self.vm = "https://%s:8428" % address(MGMT)
         self.hook = "http://%s:8080" % address(HOOK)
         self.timings = {}
         self.jobs = {}
@@ -99,8 +105,12 @@ class E2E:
 
 @pytest.fixture(scope="module")
 def e2e():
+    names = {address(MGMT): MGMT}
+    urllib.request.install_opener(site_tls.opener(lambda: names, user="hpcobs",
+                                                  password=site_tls.credential("victoriametrics-client")))
     state = E2E()
     yield state
+    urllib.request.install_opener(urllib.request.build_opener())
     path = os.path.join(ROOT, ".cache", "logs", "e2e-timings.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
@@ -114,6 +124,62 @@ def test_every_gpu_of_the_lab_is_scraped(e2e):
     nodes = {r["metric"]["node"] for r in e2e.query("DCGM_FI_DEV_GPU_TEMP")}
     assert nodes == {GPU1, GPU2}
     assert not e2e.query("up == 0"), "a scrape target is down: %s" % e2e.query("up == 0")
+
+
+# What a job on a GPU node could try against the management host: (component, method, path, body). Every one must
+# be refused (401) without a credential, and plain HTTP must not be served.
+HOSTILE = [
+    ("victoriametrics", "GET", "/api/v1/query?query=up", None),
+    ("victoriametrics", "POST", "/api/v1/import", '{"metric":{"__name__":"up","job":"forged"},"values":[1],"timestamps":[1]}'),
+    ("victoriametrics", "POST", "/api/v1/admin/tsdb/delete_series?match[]=up", None),
+    ("victoriametrics_reader", "GET", "/api/v1/query?query=up", None),
+    ("vmalert", "GET", "/api/v1/rules", None),
+    ("alertmanager", "POST", "/api/v2/silences",
+     '{"matchers":[{"name":"alertname","value":".+","isRegex":true}],"startsAt":"2020-01-01T00:00:00Z",'
+     '"endsAt":"2099-01-01T00:00:00Z","createdBy":"job","comment":"quiet"}'),
+    ("alertmanager", "GET", "/api/v2/alerts", None),
+    ("loki", "POST", "/loki/api/v1/push", '{"streams":[{"stream":{"job":"forged"},"values":[["1","x"]]}]}'),
+    ("loki", "GET", "/loki/api/v1/query?query=%7Bjob%3D%22systemd-journal%22%7D", None),
+    ("grafana", "GET", "/api/search", None),
+]
+# Run as the job's user on the GPU node: the status of each request (0: nothing answered), without any credential
+# and without verifying the server (an attacker has no reason to).
+_PROBE = r"""
+import json, ssl, sys, urllib.error, urllib.request
+out = []
+for url, method, body in json.loads(sys.argv[1]):
+    req = urllib.request.Request(url, data=body.encode() if body else None, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        code = urllib.request.urlopen(req, timeout=10, context=ssl._create_unverified_context()).status
+    except urllib.error.HTTPError as err:
+        code = err.code
+    except Exception:
+        code = 0
+    out.append(code)
+print(json.dumps(out))
+"""
+
+
+def test_a_job_on_a_gpu_node_without_credentials_is_refused_by_every_management_api(e2e):
+    with open(os.path.join(ROOT, "files", "components.yml"), encoding="utf-8") as handle:
+        components = yaml.safe_load(handle)["components"]
+    secured = [(c, m, p, b) for c, m, p, b in HOSTILE if components[c].get("tls")]
+    assert {c for c, _, _, _ in secured} >= {"victoriametrics", "victoriametrics_reader", "alertmanager", "loki",
+                                             "grafana"}, secured
+    mgmt = address(MGMT)
+    requests = [("https://%s:%d%s" % (mgmt, components[c]["port"], p), m, b) for c, m, p, b in secured]
+    plain = [("http://%s:%d%s" % (mgmt, components[c]["port"], p), m, b) for c, m, p, b in secured]
+    before = len(e2e.query('{__name__="up"}'))
+    out = sh(GPU1, "runuser -u alice -- python3 -c %s %s" % (shlex.quote(_PROBE), shlex.quote(json.dumps(requests))))
+    codes = dict(zip(["%s %s %s" % (c, m, p) for c, m, p, _ in secured], json.loads(out)))
+    assert set(codes.values()) == {401}, codes
+    out = sh(GPU1, "runuser -u alice -- python3 -c %s %s" % (shlex.quote(_PROBE), shlex.quote(json.dumps(plain))))
+    codes = dict(zip(["%s %s %s" % (c, m, p) for c, m, p, _ in secured], json.loads(out)))
+    assert all(code in (0, 400) for code in codes.values()), codes  # a TLS port answers plain HTTP with 400
+    # nothing was deleted or forged (a silence would stop the pages the tests below wait for)
+    assert len(e2e.query('{__name__="up"}')) == before
+    assert not e2e.query('up{job="forged"}')
 
 
 def test_job_attribution_reaches_victoriametrics(e2e):

@@ -1,16 +1,14 @@
 """Helpers of the grafana scenario's tests: the containers' addresses, Grafana's HTTP API over HTTPS (the scenario runs
 with the site's security switch on), ansible-playbook runs."""
-import base64
 import functools
-import http.client
 import json
 import os
 import shutil
-import socket
-import ssl
 import subprocess
 import urllib.error
 import urllib.request
+
+import site_tls
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIO = os.path.dirname(HERE)
@@ -29,18 +27,8 @@ def address(name):
     return out
 
 
-def pki(relative):
-    """A file of the scenario's site PKI on the controller (hpcobs_pki_dir of molecule.yml)."""
-    return os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "pki", relative)
-
-
 SITE_CA = "ca.crt"
-
-
-def credential(name):
-    """A generated credential of the site PKI (what the controller holds)."""
-    with open(pki("credentials/%s" % name), encoding="utf-8") as handle:
-        return handle.read().strip()
+pki, credential = site_tls.pki, site_tls.credential
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,34 +36,9 @@ def names_by_address():
     return {address(name): name for name in PORTS}
 
 
-class _NamedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to a container's address, the certificate verified for the container's name (the controller does not
-    resolve the containers' names; their certificates name them, not their addresses)."""
-
-    def connect(self):
-        sock = socket.create_connection((self.host, self.port), self.timeout)
-        name = names_by_address().get(self.host, self.host)
-        self.sock = self._context.wrap_socket(sock, server_hostname=name)
-
-
-class _HTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, context, authorization=None):
-        super().__init__(context=context)
-        self._tls, self._authorization = context, authorization
-
-    def https_open(self, req):
-        if self._authorization and not req.has_header("Authorization"):
-            req.add_unredirected_header("Authorization", self._authorization)
-        return self.do_open(_NamedHTTPSConnection, req, context=self._tls)
-
-
 def opener(ca=None, user=None, password=None):
     """A urllib opener for the containers' HTTPS: trusting `ca` (default the site CA), with basic auth if given."""
-    context = ssl.create_default_context(cafile=ca or pki(SITE_CA))
-    token = None
-    if user is not None:
-        token = "Basic " + base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
-    return urllib.request.build_opener(_HTTPSHandler(context, token))
+    return site_tls.opener(names_by_address, ca=ca, user=user, password=password)
 
 
 def grafana_url(name, scheme="https"):
@@ -97,7 +60,7 @@ def fetch(url, headers=None, ca=None, data=None):
 
 
 def basic(user, secret):
-    return {"Authorization": "Basic " + base64.b64encode(("%s:%s" % (user, secret)).encode()).decode()}
+    return {"Authorization": site_tls.basic(user, secret)}
 
 
 def api(host, path, password=None, user="admin", auth=True):

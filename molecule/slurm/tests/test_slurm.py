@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import site_tls
 import testinfra
 from polling import wait_for
 
@@ -114,10 +116,22 @@ def expected_prom(job, user, account, gpus):
             'hpcobs_slurm_job_gpus{hpc_job="%s"} %d\n' % (job, user, account, job, gpus))
 
 
+# The exporters serve HTTPS with basic auth (the site's security switch, on by default): a scrape trusts the site CA
+# the role installed and presents the exporter's client credential from the scenario's PKI, as VictoriaMetrics does.
+EXPORTERS = {9100: ("node_exporter", "/etc/node_exporter/tls/ca.crt"),
+             9400: ("dcgm_exporter", "/etc/dcgm-exporter/tls/ca.crt")}
+_SCRAPE = ("import os,ssl,sys,urllib.request\n"
+           "url,ca=sys.argv[1:3]\n"
+           "req=urllib.request.Request(url,headers={'Authorization':os.environ['HPCOBS_TEST_AUTH']})\n"
+           "ctx=ssl.create_default_context(cafile=ca)\n"
+           "sys.stdout.write(urllib.request.urlopen(req,timeout=10,context=ctx).read().decode())\n")
+
+
 def scrape(node, port):
-    return node.check_output(
-        "python3 -c \"import urllib.request,sys;"
-        "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:%d/metrics', timeout=10).read().decode())\"" % port)
+    component, ca = EXPORTERS[port]
+    auth = site_tls.basic("hpcobs", site_tls.credential(component.replace("_", "-") + "-client"))
+    return node.check_output("HPCOBS_TEST_AUTH=%s python3 -c %s https://127.0.0.1:%d/metrics %s" % (
+        shlex.quote(auth), shlex.quote(_SCRAPE), port, ca))
 
 
 def dcgm_jobs_by_gpu(node):

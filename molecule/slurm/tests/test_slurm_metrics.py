@@ -192,13 +192,15 @@ def test_a_drained_node_shows_with_its_reason_and_comes_back(cluster):
 def test_jobstats_and_report_are_installed_and_configured(cluster):
     ctl = cluster["ctl"]
     conf = ctl.file("/etc/hpcobs/jobstats.conf")
-    # no management host in this scenario: the default falls back to the controller itself
-    assert conf.mode == 0o644 and "url = http://127.0.0.1:8428" in conf.content_string
+    # no management host in this scenario: the default falls back to the controller itself, to VictoriaMetrics'
+    # read-only front there (the security switch is on by default), with the site CA and the reader credential
+    assert conf.mode == 0o644 and "url = https://127.0.0.1:8427" in conf.content_string
+    assert "ca_file = /etc/hpcobs/tls/ca.crt" in conf.content_string
     for tool in ("hpcobs-jobstats", "hpcobs-report"):
         assert ctl.file("/usr/local/bin/%s" % tool).mode == 0o755
     # any user may run it; without a VictoriaMetrics there it says so (exit 1), naming the configured URL
     result = ctl.run("runuser -u alice -- hpcobs-jobstats 1")
-    assert result.rc == 1 and "VictoriaMetrics at http://127.0.0.1:8428" in result.stderr, result.stderr
+    assert result.rc == 1 and "VictoriaMetrics at https://127.0.0.1:8427" in result.stderr, result.stderr
     assert ctl.run("runuser -u alice -- hpcobs-report --help").rc == 0
 
 
@@ -221,4 +223,4 @@ def test_slurmctld_runs_the_job_end_summary_as_its_mailprog(cluster):
     assert head.splitlines()[0] == "To: bob", head
     assert re.match(r"Subject: Slurm Job_id=%s Name=hpcobs-mail Ended" % job, head.splitlines()[1]), head
     assert body.startswith("No GPU summary: hpcobs-jobstats failed (hpcobs-jobstats: VictoriaMetrics at "
-                           "http://127.0.0.1:8428"), body
+                           "https://127.0.0.1:8427"), body
