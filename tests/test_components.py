@@ -213,8 +213,8 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.shared_fact("security") is True  # on by default; hpcobs_security: false opts out
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
-        "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "victoriametrics", "victoriametrics_reader",
-        "alertmanager", "loki", "grafana"]
+        "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy", "victoriametrics",
+        "victoriametrics_reader", "alertmanager", "loki", "grafana"]
     assert service.component_url("node_exporter", secured, "m1", "/metrics") == "https://m1:9100/metrics"
     assert service.component_url("node_exporter", secured, "m2", "/metrics") == "http://m2:9100/metrics"
     assert service.component_url("smartctl_exporter", secured, "m1", "/metrics") == "https://m1:9633/metrics"
@@ -278,3 +278,33 @@ def test_component_hosts_are_every_host_of_its_groups_once():
     with pytest.raises(service.AnsibleFilterError, match="not a component"):
         service.component_hosts("nope", groups)
 
+
+
+def test_the_log_shippers_take_a_client_certificate_and_get_no_basic_auth_credential():
+    """Promtail and Alloy take no basic auth on their own HTTP server (auth: client_cert): their clients present a
+    site certificate, so roles/pki makes no <component>-client for them and no client sends one."""
+    assert [name for name, entry in COMPONENTS.items() if "port" in entry
+            and service.component_auth(name) == "client_cert"] == ["promtail", "alloy"]
+    assert service.component_auth("node_exporter") == "basic"
+    flagged = service.components_flagged("tls")
+    assert "promtail" in flagged and "alloy" in flagged
+    assert service.basic_auth_components(flagged) == [name for name in flagged if name not in ("promtail", "alloy")]
+    assert "promtail-client" not in service.client_credential(service.basic_auth_components(flagged))
+    secured = {"n1": {"hpcobs_security": True}}
+    assert service.component_url("promtail", secured, "n1", "/metrics") == "https://n1:9080/metrics"
+    assert service.component_url("alloy", secured, "n1", "/-/ready") == "https://n1:12345/-/ready"
+
+
+@pytest.mark.parametrize("entry,problem", [
+    ({"auth": "client_cert"}, "auth must be basic or client_cert, on a component with tls: true"),
+    ({"tls": True, "auth": "mtls"}, "auth must be basic or client_cert"),
+    ({"tls": False, "auth": "basic"}, "auth must be basic or client_cert"),
+])
+def test_auth_is_checked(entry, problem):
+    data = {"format": 1, "components": {"x": dict({"port": 1, "listen": {"address": "x_listen"}, "groups": ["g"]},
+                                                  **entry)}}
+    with pytest.raises(service.AnsibleFilterError, match=problem):
+        service.check_components(data)
+    good = {"format": 1, "components": {"x": {"port": 1, "listen": {"address": "x_listen"}, "groups": ["g"],
+                                              "tls": True, "auth": "client_cert"}}}
+    assert service.check_components(good)["x"]["auth"] == "client_cert"

@@ -182,10 +182,13 @@ def test_the_role_makes_the_per_host_credentials_of_every_host_and_the_reader_cr
     import yaml
     defaults = yaml.safe_load(open(os.path.join(ROOT, "roles", "pki", "defaults", "main.yml")))
     assert defaults["pki_host_credentials"] == ["loki-push"]
-    # the client credential of every TLS component (loki-client the reader's), underscores as dashes
+    # the client credential of every TLS component whose clients use basic auth (loki-client the reader's),
+    # underscores as dashes; none for the log shippers (auth: client_cert)
     assert defaults["pki_credentials"].replace(" ", "") == (
-        "{{('tls'|hpcobs_components_flagged|hpcobs_client_credential)+['victoriametrics-admin']}}")
-    assert "loki-client" in service.client_credential(service.components_flagged("tls"))
+        "{{('tls'|hpcobs_components_flagged|hpcobs_basic_auth_components|hpcobs_client_credential)"
+        "+['victoriametrics-admin']}}")
+    made = service.client_credential(service.basic_auth_components(service.components_flagged("tls")))
+    assert "loki-client" in made and "promtail-client" not in made and "alloy-client" not in made
     assert service.client_credential("node_exporter") == "node-exporter-client"
     assert service.client_credential(["dcgm_exporter", "loki"]) == ["dcgm-exporter-client", "loki-client"]
     with pytest.raises(service.AnsibleFilterError, match="not a component"):

@@ -218,3 +218,17 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     assert json.loads((rendered / "credentials.json").read_text()) == ["victoriametrics-client", "victoriametrics-admin"]
     assert not any("basic_auth" in job for job in
                    yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"])
+
+
+def test_the_log_shippers_are_scraped_with_this_hosts_certificate_and_no_credential(tmp_path_factory):
+    """Promtail takes no basic auth on its own server (files/components.yml auth: client_cert): under the switch
+    its job presents the management host's own site certificate and key, and no promtail-client is installed."""
+    out = render(tmp_path_factory, {"hpcobs_security": True, "hpcobs_components_disabled": []})
+    jobs = {job["job_name"]: job for job in yaml.safe_load((out / "scrape.yml").read_text())["scrape_configs"]}
+    tls = str(out / "tls")
+    assert jobs["promtail"]["scheme"] == "https"
+    assert jobs["promtail"]["tls_config"] == {"ca_file": tls + "/ca.crt", "cert_file": tls + "/server.crt",
+                                              "key_file": tls + "/server.key"}
+    assert "basic_auth" not in jobs["promtail"]
+    assert "promtail-client" not in json.loads((out / "credentials.json").read_text())
+    assert jobs["node"]["basic_auth"]["password_file"] == tls + "/node-exporter-client"

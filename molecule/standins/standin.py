@@ -166,6 +166,37 @@ class _Server(ThreadingHTTPServer):
             secure.close()
 
 
+# Go crypto/tls ClientAuthType names, as Prometheus exporter-toolkit v0.14 web.TLSConfig (Promtail 3.6.15's dskit
+# server http_tls_config) and Alloy 1.18's http { tls { client_auth_type } } spell them. The stand-in serves only the
+# three a Python server can do alike; the other two are valid for the real programs and refused here.
+CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
+                     "RequireAndVerifyClientCert")
+_CLIENT_AUTH_MODES = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+                      "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
+                "TLS13": ssl.TLSVersion.TLSv1_3}
+
+
+def server_tls(cert_file, key_file, client_auth_type="NoClientCert", client_ca_file="", min_version="TLS12"):
+    """An ssl.SSLContext serving cert_file/key_file that asks for a client certificate as client_auth_type says,
+    verified against client_ca_file; ValueError with the problem (an unreadable file: OSError, as the real ones fail
+    at start)."""
+    client_auth_type = client_auth_type or "NoClientCert"
+    if client_auth_type not in CLIENT_AUTH_TYPES:
+        raise ValueError("invalid ClientAuth %s" % json.dumps(client_auth_type))
+    if client_auth_type not in _CLIENT_AUTH_MODES:
+        raise ValueError("client_auth_type %s: not implemented by the stand-in" % client_auth_type)
+    if client_ca_file and client_auth_type == "NoClientCert":
+        raise ValueError("Client CA's have been configured without a Client Auth Policy")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = TLS_VERSIONS[min_version or "TLS12"]
+    context.load_cert_chain(cert_file, key_file)
+    context.verify_mode = _CLIENT_AUTH_MODES[client_auth_type]
+    if client_ca_file:
+        context.load_verify_locations(cafile=client_ca_file)
+    return context
+
+
 def serve(address, port, get, post=None, stop=None, tls=None):
     """Serve HTTP (HTTPS with tls, an ssl.SSLContext) until SIGTERM or SIGINT (then stop() runs first).
     get(path, query, headers) and post(path, headers, body) answer (status, body); a body that is not a string is
@@ -404,13 +435,14 @@ class Shipper:
             if batch:
                 self.save()
 
-    def run(self, address, port, pages):
-        """Run the targets and the sender, serve pages ({path: callable -> (status, text)}) until SIGTERM."""
+    def run(self, address, port, pages, tls=None):
+        """Run the targets and the sender, serve pages ({path: callable -> (status, text)}) until SIGTERM; over
+        HTTPS with tls (an ssl.SSLContext, server_tls)."""
         sender = threading.Thread(target=self.send)
         for target in [sender, threading.Thread(target=self.files, daemon=True)] + [threading.Thread(
                 target=self.journal, args=(job,), daemon=True) for job in self.jobs if "journal" in job]:
             target.start()
-        serve(address, port, lambda path, *_: pages.get(path, lambda: (404, "404 page not found\n"))(),
+        serve(address, port, lambda path, *_: pages.get(path, lambda: (404, "404 page not found\n"))(), tls=tls,
               stop=lambda: [self.stopping.set()] + [child.terminate() for child in self.children])
         sender.join(timeout=30)
         self.save()

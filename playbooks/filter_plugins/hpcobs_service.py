@@ -98,7 +98,8 @@ def systemd_word(word):
 # --- The components map (files/components.yml) -------------------------------------------------------------------
 
 COMPONENTS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "files", "components.yml")
-_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls", "peer_name", "role"}
+_KEYS = {"port", "listen", "groups", "scrape_job", "ready_path", "lab", "tls", "auth", "peer_name", "role"}
+_AUTHS = ("basic", "client_cert")  # how the clients of a component with tls: true authenticate (`auth`)
 _DNS_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)+$")
 _LOG_SHIPPERS = ("promtail", "alloy")
 _loaded = {}  # path: (components, shared facts), read and checked once per file
@@ -156,6 +157,8 @@ def check_components(data, where="components map"):
             problems.append("%s: listen and scrape_job need a port" % name)
         if "tls" in entry and (not isinstance(entry["tls"], bool) or "port" not in entry):
             problems.append("%s: tls must be true or false, on a component with a port" % name)
+        if "auth" in entry and not (entry.get("tls") is True and entry["auth"] in _AUTHS):
+            problems.append("%s: auth must be %s, on a component with tls: true" % (name, " or ".join(_AUTHS)))
         if "peer_name" in entry and not (entry.get("tls") is True and isinstance(entry["peer_name"], str)
                                          and _DNS_NAME.match(entry["peer_name"])):
             problems.append("%s: peer_name must be a DNS name with a dot, on a component with tls: true" % name)
@@ -327,6 +330,18 @@ def client_credential(name, components=None):
         return [client_credential(item, components) for item in name]
     _entry(name, components)
     return str(name).replace("_", "-") + "-client"
+
+
+def component_auth(name, components=None):
+    """How the clients of a component with tls: true authenticate (its `auth` in the map): basic (the stack's client
+    user and the credential <component>-client) or client_cert (a certificate of the site CA, no credential)."""
+    return _entry(name, components).get("auth", "basic")
+
+
+def basic_auth_components(names, components=None):
+    """The components of a list whose clients present a basic-auth credential (auth basic, the default): the ones
+    roles/pki makes a <component>-client credential for and a client installs and sends."""
+    return [name for name in names or [] if component_auth(name, components) == "basic"]
 
 
 def components_flagged(flag, components=None):
@@ -588,7 +603,9 @@ class FilterModule:
             "hpcobs_slurm_token_expiry": slurm_token_expiry,
             "hpcobs_slurm_token_due": slurm_token_due,
             "hpcobs_slurm_token_minted": slurm_token_minted,
+            "hpcobs_basic_auth_components": basic_auth_components,
             "hpcobs_client_credential": client_credential,
+            "hpcobs_component_auth": component_auth,
             "hpcobs_client_password": client_password,
             "hpcobs_component_hosts": component_hosts,
             "hpcobs_components_flagged": components_flagged,

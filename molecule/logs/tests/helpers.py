@@ -33,12 +33,30 @@ def pki_file(relative):
     return (Path(directory) / "pki" / relative).read_text().strip()
 
 
-def http(host, url, params=None, method="GET", status=False, ca=None, netrc=None, extra=()):
+# The log shippers' own HTTP servers (hpcobs_security, files/components.yml auth: client_cert): HTTPS with the host's
+# site certificate, and only a client presenting a certificate of the site CA. On their own host, the files of the
+# shipper's TLS directory.
+SHIPPER_TLS = {"promtail": "/etc/promtail/tls", "alloy": "/etc/alloy/tls"}
+
+
+def shipper(host, component, path, status=False):
+    """GET path of the log shipper `component` on its own host, the way its clients must: https on loopback, the
+    site CA, the host's certificate and key."""
+    tls = SHIPPER_TLS[component]
+    port = {"promtail": 9080, "alloy": 12345}[component]
+    return http(host, "https://127.0.0.1:%d%s" % (port, path), status=status, ca=tls + "/ca.crt",
+                cert=(tls + "/server.crt", tls + "/server.key"))
+
+
+def http(host, url, params=None, method="GET", status=False, ca=None, netrc=None, extra=(), cert=None):
     """Body of url fetched from inside host (curl); with status=True, (HTTP code, body). ca: the CA file to trust,
-    netrc: a netrc file holding the credential (never on the command line)."""
+    netrc: a netrc file holding the credential (never on the command line), cert: (certificate, key) files of a
+    client certificate."""
     args = ["curl", "-sS", "--max-time", "10", "-X", method] + list(extra)
     if ca:
         args += ["--cacert", ca]
+    if cert:
+        args += ["--cert", cert[0], "--key", cert[1]]
     if netrc:
         args += ["--netrc-file", netrc]
     if params:

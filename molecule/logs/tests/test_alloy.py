@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from helpers import bundle_binary_sha256, http, pki_file, query
+from helpers import bundle_binary_sha256, pki_file, query, shipper
 from hostchecks import assert_runs_as_its_own_user, cmdline, main_pid, unit_property
 from polling import wait_for
 
@@ -74,6 +74,14 @@ def test_config_carries_the_label_contract(host):
     # hpcobs_security: the host's own push credential and the site CA
     assert re.search(r'basic_auth \{\s*username = "%s"\s*password_file = "%s"\s*\}' % (ALLOY_NODE, CREDENTIAL), text)
     assert re.search(r'tls_config \{\s*ca_file = "/etc/alloy/tls/ca.crt"\s*\}', text)
+    # its own HTTP server: HTTPS, a client certificate of the site CA required
+    assert re.search(r'http \{\s*tls \{\s*cert_file = "/etc/alloy/tls/server.crt"\s*key_file = "/etc/alloy/tls/server.key"'
+                     r'\s*client_ca_file = "/etc/alloy/tls/ca.crt"\s*client_auth_type = "RequireAndVerifyClientCert"'
+                     r'\s*min_version = "TLS12"\s*\}\s*\}', text), text
+    # its own HTTP server: HTTPS, a client certificate of the site CA required
+    assert re.search(r'http \{\s*tls \{\s*cert_file = "/etc/alloy/tls/server.crt"\s*key_file = "/etc/alloy/tls/server.key"'
+                     r'\s*client_ca_file = "/etc/alloy/tls/ca.crt"\s*client_auth_type = "RequireAndVerifyClientCert"'
+                     r'\s*min_version = "TLS12"\s*\}\s*\}', text), text
     result = host.run("/usr/local/bin/alloy validate %s" % path)
     assert result.rc == 0, result.stderr
 
@@ -93,8 +101,8 @@ def test_password_only_in_its_file(host):
 
 
 def test_ready_and_the_journal_is_read(host):
-    assert http(host, "http://127.0.0.1:12345/-/ready").strip() == "Alloy is ready."
-    metrics = http(host, "http://127.0.0.1:12345/metrics")
+    assert shipper(host, "alloy", "/-/ready").strip() == "Alloy is ready."
+    metrics = shipper(host, "alloy", "/metrics")
     lines = re.search(r"^loki_source_journal_target_lines_total\{[^}]*\} (\S+)$", metrics, re.M)
     assert lines and float(lines.group(1)) > 0
 

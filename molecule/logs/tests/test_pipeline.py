@@ -10,7 +10,7 @@ import uuid
 import testinfra
 import yaml
 
-from helpers import LOKI_LOCAL, MGMT, NODE, http, query
+from helpers import LOKI_LOCAL, MGMT, NODE, http, query, shipper
 from polling import wait_for
 
 testinfra_hosts = [NODE]
@@ -87,7 +87,7 @@ def test_positions_persist_across_a_restart(host):
         host, '{syslog_identifier="hpcobs-test"} |= "%s"' % marker, since), 30)
     host.check_output("systemctl restart promtail")
     wait_for("promtail ready after the restart",
-             lambda: http(host, "http://127.0.0.1:9080/ready", status=True)[0] == 200, 30)
+             lambda: shipper(host, "promtail", "/ready", status=True)[0] == 200, 30)
     assert host.file("/var/lib/promtail/positions.yaml").exists
     second = "hpcobs positions probe after restart %s" % uuid.uuid4().hex
     host.check_output("logger -t hpcobs-test %s" % second)

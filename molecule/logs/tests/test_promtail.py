@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from helpers import LOKI, NODE, bundle_binary_sha256, http, read_yaml
+from helpers import LOKI, NODE, bundle_binary_sha256, read_yaml, shipper
 from hostchecks import assert_runs_as_its_own_user, main_pid, unit_property
 
 testinfra_hosts = [NODE]
@@ -53,6 +53,11 @@ def test_config_key_fields(host):
     assert client["external_labels"] == {"node": NODE}
     assert config["positions"]["filename"] == "/var/lib/promtail/positions.yaml"
     assert config["server"]["http_listen_port"] == 9080
+    # hpcobs_security: its own server over HTTPS, a client certificate of the site CA required
+    assert config["server"]["http_tls_config"] == {
+        "cert_file": "/etc/promtail/tls/server.crt", "key_file": "/etc/promtail/tls/server.key",
+        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": "/etc/promtail/tls/ca.crt"}
+    assert config["server"]["tls_min_version"] == "VersionTLS12"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"systemd-journal", "slurm"}
     journal = jobs["systemd-journal"]
@@ -81,9 +86,9 @@ def test_positions_dir(host):
 
 
 def test_ready_and_metrics(host):
-    assert http(host, "http://127.0.0.1:9080/ready").strip() == "Ready"
+    assert shipper(host, "promtail", "/ready").strip() == "Ready"
     assert host.socket("tcp://0.0.0.0:9080").is_listening
-    metrics = http(host, "http://127.0.0.1:9080/metrics")
+    metrics = shipper(host, "promtail", "/metrics")
     assert 'promtail_sent_entries_total{host="%s:3100"}' % LOKI.split("//")[1].split(":")[0] in metrics
     # the journal is read, not only "ready" (the counter the role's readiness check waits for)
     lines = re.search(r"^promtail_journal_target_lines_total (\S+)$", metrics, re.M)

@@ -5,10 +5,12 @@ The configuration carries the project's log label contract exactly as roles/prom
 the journal (kernel lines included: nothing is filtered on transport) through loki.relabel rules that map journal
 fields to the contract's labels, file targets with `job` and `filename`, and one loki.write endpoint per Loki with
 `node` (and the external labels) on every stream, the tenant and, optionally, basic-auth credentials whose password
-is read from a file (never written into the configuration).
+is read from a file (never written into the configuration). With `server_tls`, the `http` block's `tls` serves
+Alloy's own HTTP server over HTTPS and requires a client certificate of the site CA (RequireAndVerifyClientCert).
 
 Components and arguments are those of Grafana Alloy 1.18 (loki.source.journal, loki.relabel, local.file_match,
-loki.source.file, loki.write; docs/sources/reference/components of grafana/alloy).
+loki.source.file, loki.write; docs/sources/reference/components of grafana/alloy; the http block:
+docs/sources/reference/config-blocks/http.md).
 """
 
 from __future__ import annotations
@@ -108,6 +110,13 @@ def alloy_config(settings):
     """The whole configuration file (text) from the role's settings (see vars/main.yml, _alloy_settings)."""
     parts = ["// Managed by hpcobs (roles/alloy): change the role's variables, not this file.",
              _block("logging", None, [("level", settings.get("log_level", "info")), ("format", "logfmt")])]
+    if _true(settings.get("server_tls")):
+        parts.append(_block("http", None, [("tls", Block("tls", [
+            ("cert_file", settings["server_cert_file"]),
+            ("key_file", settings["server_key_file"]),
+            ("client_ca_file", settings["server_client_ca_file"]),
+            ("client_auth_type", "RequireAndVerifyClientCert"),
+            ("min_version", "TLS12")]))]))
     endpoints = []
     for url in settings["loki_urls"]:
         body = [("url", url.rstrip("/") + "/loki/api/v1/push"),
