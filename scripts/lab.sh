@@ -160,18 +160,7 @@ report() {
   out=.cache/lab-report
   mkdir -p "$out"
   conf=$state/jobstats.conf
-  pki=$root/$state/pki
-  if [ "$(python3 scripts/lab-endpoints.py security)" = on ]; then
-    {
-      echo "# written by scripts/lab.sh report: the lab's read-only front, its CA and the reader credential"
-      echo "url = https://127.0.0.1:$(host_port mgmt01 8427)"
-      echo "ca_file = $pki/ca.crt"
-      echo "user = $(python3 -c 'import yaml; print(yaml.safe_load(open("files/components.yml"))["shared"]["client_user"])')"
-      echo "password_file = $pki/credentials/victoriametrics-reader-client"
-    } >"$conf"
-  else
-    echo "url = http://127.0.0.1:$(host_port mgmt01 8428)" >"$conf"
-  fi
+  python3 scripts/lab-endpoints.py jobstats-conf >"$conf"
   export HPCOBS_JOBSTATS_CONF="$root/$conf"
   tool=roles/slurm_metrics/files/hpcobs-report
   python3 "$tool" --month-to-date --out-dir "$out" >/dev/null
