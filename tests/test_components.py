@@ -105,7 +105,7 @@ def test_a_host_that_moves_a_service_is_reached_on_its_own_port():
         ["https://m1:19093", "https://10.0.0.2:9093", "https://192.0.2.7:9093"]
     assert service.component_url("loki", hostvars, "m1", "/ready") == "https://m1:3200/ready"
     assert service.component_url("loki", hostvars, "m2", scheme="http") == "http://10.0.0.2:3100"
-    assert service.component_url("slurm_metrics", hostvars, "m2", "/metrics") == "http://10.0.0.2:9341/metrics"
+    assert service.component_url("slurm_metrics", hostvars, "m2", "/metrics") == "https://10.0.0.2:9341/metrics"
     # the host's own clients (Grafana's datasources, vmalert) stay on the host
     assert service.component_local_url("alertmanager", hostvars, "m1") == "https://127.0.0.1:19093"
     assert service.component_local_url("alertmanager", hostvars, "m3") == "https://192.0.2.7:9093"
@@ -213,8 +213,8 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.shared_fact("security") is True  # on by default; hpcobs_security: false opts out
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
-        "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy", "victoriametrics",
-        "victoriametrics_reader", "alertmanager", "loki", "grafana"]
+        "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy", "slurm_metrics",
+        "victoriametrics", "victoriametrics_reader", "vmalert", "alertmanager", "loki", "grafana"]
     assert service.component_url("node_exporter", secured, "m1", "/metrics") == "https://m1:9100/metrics"
     assert service.component_url("node_exporter", secured, "m2", "/metrics") == "http://m2:9100/metrics"
     assert service.component_url("smartctl_exporter", secured, "m1", "/metrics") == "https://m1:9633/metrics"
@@ -224,8 +224,9 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     assert service.component_urls(["m1", "m2", "m3"], "victoriametrics", secured) == [
         "https://m1:8428", "http://m2:8428", "https://m3:8428"]  # m3 sets nothing: the default
     assert service.component_urls(["m1", "m2"], "alertmanager", secured) == ["https://m1:9093", "http://m2:9093"]
-    # components not secured yet stay http; an explicit scheme still wins
-    assert service.component_url("vmalert", secured, "m1") == "http://m1:8880"
+    # an explicit scheme still wins
+    assert service.component_url("vmalert", secured, "m1") == "https://m1:8880"
+    assert service.component_url("slurm_metrics", secured, "m1") == "https://m1:9341"
     assert service.component_url("victoriametrics", secured, "m1", scheme="http") == "http://m1:8428"
     with pytest.raises(service.AnsibleFilterError, match="true or false"):
         service.component_scheme("victoriametrics", {"x": {"hpcobs_security": "maybe"}}, "x")

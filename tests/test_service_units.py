@@ -21,6 +21,7 @@ BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, 
 BEFORE["ipmi_exporter-front"] = BEFORE["ipmi_exporter"]
 BEFORE["loki-front"] = BEFORE["loki"]
 BEFORE["victoriametrics-reader"] = BEFORE["victoriametrics"]
+BEFORE["hpcobs-slurm-metrics-front"] = BEFORE["slurm_metrics"]
 
 
 def _front_unit_vars():
@@ -62,7 +63,7 @@ def test_the_converted_roles_are_found():
 # secured unit must name (a file, never a secret).
 SECURED = {
     ("victoriametrics", "victoriametrics"): "file:///etc/victoriametrics/tls/",
-    ("vmalert", "vmalert"): "/etc/vmalert/tls/victoriametrics-client",
+    ("vmalert", "vmalert"): "-httpAuth.password=file:///etc/vmalert/tls/vmalert-client",
     ("node_exporter", "node_exporter"): "--web.config.file=/etc/node_exporter/web.yml",
     ("smartctl_exporter", "smartctl_exporter"): "--web.config.file=/etc/smartctl_exporter/web.yml",
     # the local mode: the exporter serves TLS itself

@@ -27,13 +27,16 @@ def test_argument_specs_match_the_defaults():
             assert spec["default"] == defaults[name], name
 
 
-@pytest.mark.parametrize("native,mode", [(False, "full"), (True, "extras")])
-def test_unit_is_hardened_and_runs_the_right_mode(tmp_path, native, mode):
+# With the security switch (the default) the collector listens on loopback behind its front.
+@pytest.mark.parametrize("native,mode,security,listen", [(False, "full", True, "127.0.0.1:9342"),
+                                                         (True, "extras", True, "127.0.0.1:9342"),
+                                                         (False, "full", False, "0.0.0.0:9341")])
+def test_unit_is_hardened_and_runs_the_right_mode(tmp_path, native, mode, security, listen):
     out = tmp_path / "unit"
     given = tmp_path / "unit-vars.yml"
     given.write_text(yaml.safe_dump(service_unit_vars(ROLE)))
     playbook = [{"hosts": "localhost", "connection": "local", "gather_facts": False,
-                 "vars_files": [str(ROLE / "defaults" / "main.yml"), str(given)],
+                 "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml"), str(given)],
                  "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
                  "tasks": [{"name": "Unit", "ansible.builtin.template": {
                      "src": str(SERVICE_ROLE / "templates" / "service.service.j2"), "dest": str(out),
@@ -41,13 +44,14 @@ def test_unit_is_hardened_and_runs_the_right_mode(tmp_path, native, mode):
     (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     beside = Path(sys.executable).parent / "ansible-playbook"
     result = subprocess.run([str(beside) if beside.exists() else "ansible-playbook", "-i", "localhost,",
-                             str(tmp_path / "play.yml"), "-e", json.dumps({"_slurm_metrics_native_on": native})],
+                             str(tmp_path / "play.yml"), "-e", json.dumps({"_slurm_metrics_native_on": native,
+                                                                           "hpcobs_security": security})],
                             capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     unit = out.read_text()
     assert "--mode=%s" % mode in unit
-    assert "User=hpcobs-slurm-metrics" in unit and "--interval=30" in unit and "--listen=0.0.0.0:9341" in unit
+    assert "User=hpcobs-slurm-metrics" in unit and "--interval=30" in unit and "--listen=%s" % listen in unit
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
                  "CapabilityBoundingSet=\n", "MemoryDenyWriteExecute=yes"):
         assert line in unit, line

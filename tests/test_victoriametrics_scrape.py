@@ -202,8 +202,8 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     assert jobs["node"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/node-exporter-client"}
     assert jobs["dcgm"]["scheme"] == "https" and jobs["dcgm"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
     assert jobs["dcgm"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/dcgm-exporter-client"}
-    # not secured yet: plain http, no credential
-    assert "basic_auth" not in jobs["vmalert"] and jobs["vmalert"].get("scheme", "http") == "http"
+    assert jobs["vmalert"]["scheme"] == "https" and jobs["vmalert"]["tls_config"] == {"ca_file": tls + "/ca.crt"}
+    assert jobs["vmalert"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/vmalert-client"}
     assert jobs["loki"]["scheme"] == "https"
     assert jobs["loki"]["basic_auth"] == {"username": "hpcobs", "password_file": tls + "/loki-client"}
     assert jobs["smartctl"]["scheme"] == "https"
@@ -213,7 +213,7 @@ def test_secured_components_are_scraped_with_the_site_ca_and_their_credential(re
     # switched off by this test's overrides: none for ipmi_exporter either
     assert json.loads((secured / "credentials.json").read_text()) == [
         "victoriametrics-client", "victoriametrics-admin", "alertmanager-client", "dcgm-exporter-client", "loki-client",
-        "node-exporter-client", "smartctl-exporter-client"]
+        "node-exporter-client", "slurm-metrics-client", "smartctl-exporter-client", "vmalert-client"]
     # switch off: no credential beyond VictoriaMetrics' own, no basic auth anywhere
     assert json.loads((rendered / "credentials.json").read_text()) == ["victoriametrics-client", "victoriametrics-admin"]
     assert not any("basic_auth" in job for job in

@@ -400,6 +400,34 @@ def client_password(name, pki_dir=""):
     return value
 
 
+_FRONT_USER = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def front_config(routes, user="", password=""):
+    """The auth config of a vmauth front (roles/service tasks_from: vmauth_front): its routes (a list of url_map
+    entries, each with src_paths and url_prefix) for one user with its password (the site's security switch: any
+    request without them is answered 401 before a route is looked at), or for anybody without a user. A path no route
+    names is answered 400 by vmauth. The password is a site PKI credential read on the controller: it is never put
+    in a message."""
+    if not isinstance(routes, (list, tuple)) or not routes:
+        raise AnsibleFilterError("hpcobs_front_config: the routes must be a non-empty list")
+    for route in routes:
+        if not isinstance(route, dict) or not route.get("src_paths") or not str(route.get("url_prefix", "")).startswith(
+                ("http://", "https://")):
+            raise AnsibleFilterError("hpcobs_front_config: each route needs src_paths and an http(s) url_prefix, got %s"
+                                     % json.dumps(route, default=str))
+    user, password = str(user or ""), str(password or "").strip()
+    if user and not _FRONT_USER.match(user):
+        raise AnsibleFilterError("hpcobs_front_config: the client user %r must be letters, digits, . _ -" % (user,))
+    if user and (len(password) < 16 or any(char in password for char in "\n\r\0")):
+        raise AnsibleFilterError("hpcobs_front_config: the client credential of %s is not one line of 16 or more "
+                                 "characters (run playbooks/pki.yml, roles/pki)" % user)
+    url_map = [dict(route) for route in routes]
+    if user:
+        return {"users": [{"username": user, "password": password, "url_map": url_map}]}
+    return {"unauthorized_user": {"url_map": url_map}}
+
+
 def peer_names(host, hostvars, components=None):
     """The peer_name of every component (files/components.yml) whose groups the host is in (its group_names)."""
     components = load_components() if components is None else components
@@ -620,6 +648,7 @@ class FilterModule:
             "hpcobs_component_urls": component_urls,
             "hpcobs_components_problem": components_problem,
             "hpcobs_deployed_components": deployed_components,
+            "hpcobs_front_config": front_config,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
             "hpcobs_peer_names": peer_names,

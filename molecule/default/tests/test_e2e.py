@@ -165,8 +165,8 @@ def test_a_job_on_a_gpu_node_without_credentials_is_refused_by_every_management_
     with open(os.path.join(ROOT, "files", "components.yml"), encoding="utf-8") as handle:
         components = yaml.safe_load(handle)["components"]
     secured = [(c, m, p, b) for c, m, p, b in HOSTILE if components[c].get("tls")]
-    assert {c for c, _, _, _ in secured} >= {"victoriametrics", "victoriametrics_reader", "alertmanager", "loki",
-                                             "grafana"}, secured
+    assert {c for c, _, _, _ in secured} >= {"victoriametrics", "victoriametrics_reader", "vmalert", "alertmanager",
+                                             "loki", "grafana"}, secured
     mgmt = address(MGMT)
     requests = [("https://%s:%d%s" % (mgmt, components[c]["port"], p), m, b) for c, m, p, b in secured]
     plain = [("http://%s:%d%s" % (mgmt, components[c]["port"], p), m, b) for c, m, p, b in secured]

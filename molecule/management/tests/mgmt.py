@@ -29,6 +29,10 @@ VM_AUTH = {"ca": VM_TLS + "/ca.crt", "user": "hpcobs", "password_file": VM_TLS +
 AM = "https://127.0.0.1:9093"
 AM_TLS = "/etc/alertmanager/tls"
 AM_AUTH = {"ca": AM_TLS + "/ca.crt", "user": "hpcobs", "password_file": "/etc/vmalert/tls/alertmanager-client"}
+# vmalert too (HTTPS, basic auth with its own credential vmalert-client, which it holds to check it).
+VMALERT = "https://127.0.0.1:8880"
+VMALERT_TLS = "/etc/vmalert/tls"
+VMALERT_AUTH = {"ca": VMALERT_TLS + "/ca.crt", "user": "hpcobs", "password_file": VMALERT_TLS + "/vmalert-client"}
 
 # argv: url, data (base64 or -), method, CA file, user, password file, client certificate, client key, file of an
 # authKey query argument (- for none)
@@ -73,15 +77,16 @@ def http(name, url, data=None, method=None, ca=None, user=None, password_file=No
 
 
 def own_auth(url, auth):
-    """auth, else the CA and credential a management host uses for a URL of its VictoriaMetrics or Alertmanager."""
+    """auth, else the CA and credential a management host uses for a URL of its VictoriaMetrics, Alertmanager or
+    vmalert."""
     if auth:
         return auth
-    return VM_AUTH if url.startswith(VM) else AM_AUTH if url.startswith(AM) else {}
+    return {VM: VM_AUTH, AM: AM_AUTH, VMALERT: VMALERT_AUTH}.get(url[:len(VM)], {})
 
 
 def get_json(name, url, **auth):
-    """JSON of a GET that must answer 200; a URL of VictoriaMetrics (VM) or Alertmanager (AM) carries its CA and
-    credential."""
+    """JSON of a GET that must answer 200; a URL of VictoriaMetrics (VM), Alertmanager (AM) or vmalert (VMALERT)
+    carries its CA and credential."""
     status, body = http(name, url, **own_auth(url, auth))
     assert status == 200, "%s from %s: HTTP %d %s" % (url, name, status, body[:300])
     return json.loads(body)

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from mgmt import AM, HELPER, MANAGEMENT, SERIES_DIR, get_json, host, main_pid, notifications, post_json, query, write_file
+from mgmt import (AM, HELPER, MANAGEMENT, SERIES_DIR, VMALERT, get_json, host, main_pid, notifications, post_json, query,
+                  write_file)
 from polling import wait_for
 
 # Alerts reach the webhook within: `for` (15 s) + rule interval (5 s) + evaluation/latency offsets (2 s) + pushes
@@ -237,7 +238,7 @@ def test_alert_state_is_restored_after_a_vmalert_restart(faults):
     name = MANAGEMENT[0]
 
     def ecc_alert():
-        alerts = get_json(name, "http://127.0.0.1:8880/api/v1/alerts")["data"]["alerts"]
+        alerts = get_json(name, VMALERT + "/api/v1/alerts")["data"]["alerts"]
         return [a for a in alerts if a["name"] == "HpcobsGpuEccUncorrectable" and a["labels"].get("node") == "gpu-e2e01"
                 and a["state"] == "firing"]
     before = wait_for("the firing ECC alert in vmalert", ecc_alert, DELIVERY_TIMEOUT)[0]

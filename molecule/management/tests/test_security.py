@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 import pytest
 
-from mgmt import (AM, AM_AUTH, AM_TLS, E2E_DIR, HELPER, MANAGEMENT, VM_AUTH, VM_TLS, get_json, host, http, post_json,
-                  query, run_role, write_file)
+from mgmt import (AM, AM_AUTH, AM_TLS, E2E_DIR, HELPER, MANAGEMENT, VMALERT, VMALERT_AUTH, VM_AUTH, VM_TLS, get_json,
+                  host, http, post_json, query, run_role, write_file)
 from polling import wait_for
 
 VMS = ["https://%s:8428" % name for name in MANAGEMENT]
@@ -126,7 +126,7 @@ def test_tls_chains_to_the_site_ca_only(url, other_ca):
 @pytest.mark.parametrize("name", MANAGEMENT)
 def test_vmalert_evaluates_its_rules_with_the_shipped_credential(name):
     def evaluated():
-        groups = get_json(name, "http://127.0.0.1:8880/api/v1/rules")["data"]["groups"]
+        groups = get_json(name, VMALERT + "/api/v1/rules")["data"]["groups"]
         rules = [rule for group in groups for rule in group["rules"]]
         failing = [(rule["name"], rule.get("lastError")) for rule in rules if rule.get("lastError")]
         return rules and all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) and not failing \
@@ -135,7 +135,7 @@ def test_vmalert_evaluates_its_rules_with_the_shipped_credential(name):
     assert len(rules) > 20
     # its results and alert states reach VictoriaMetrics through remote write, with no error
     def sent():
-        status, text = http(name, "http://127.0.0.1:8880/metrics")
+        status, text = http(name, VMALERT + "/metrics", **VMALERT_AUTH)
         return status == 200 and metric_sum(text, "vmalert_remotewrite_sent_rows_total") > 0 and text
     text = wait_for("vmalert remote-writing rows on %s" % name, sent, 60)
     assert metric_sum(text, "vmalert_remotewrite_errors_total") == 0
@@ -318,3 +318,31 @@ def test_node_exporter_without_its_credential_serves_nothing(url, other_ca):
     for path, mode in (("/etc/node_exporter/web.yml", 0o640), (NE_TLS + "/server.key", 0o640)):
         info = host(name).file(path)
         assert (info.user, info.group, info.mode) == ("root", "node_exporter", mode), path
+
+
+VMALERTS = ["https://%s:8880" % name for name in MANAGEMENT]
+
+
+@pytest.mark.parametrize("url", VMALERTS)
+def test_vmalert_without_its_credential_shows_and_changes_nothing(url, other_ca):
+    # the rules, the alerts (with the jobs' labels), the metrics, a reload and the debug endpoints: 401 from another
+    # host without the credential, also with a client certificate of another CA; /health alone answers
+    for path, method in (("/api/v1/rules", "GET"), ("/api/v1/alerts", "GET"), ("/vmalert/api/v1/rules", "GET"),
+                         ("/metrics", "GET"), ("/-/reload", "POST"), ("/flags", "GET"), ("/debug/pprof/heap", "GET"),
+                         ("/vmalert/groups", "GET")):
+        status, body = http(HELPER, url + path, method=method, ca=CA)
+        assert status == 401, "%s %s without the credential: HTTP %d %s" % (method, path, status, body[:200])
+    status, _ = http(HELPER, url + "/api/v1/alerts", ca=CA, user="hpcobs", password_file="/etc/hostname")
+    assert status == 401
+    status, _ = http(HELPER, url + "/api/v1/alerts", ca=CA, cert=other_ca["client.crt"], key=other_ca["client.key"])
+    assert status == 401
+    assert http(HELPER, url + "/health", ca=CA) == (200, "OK")
+    # plain HTTP on the TLS port gets nothing (vmalert answers 400, like VictoriaMetrics)
+    status, body = http(HELPER, url.replace("https://", "http://") + "/api/v1/rules")
+    assert status in (0, 400) and "groups" not in body
+    # a client trusting another CA refuses vmalert's certificate
+    status, body = http(HELPER, url + "/health", ca=other_ca["ca.crt"])
+    assert status == 0 and "CERTIFICATE_VERIFY_FAILED" in body, body[:300]
+    # the shipped credential reads the rules
+    name = url.split("//")[1].split(":")[0]
+    assert get_json(name, VMALERT + "/api/v1/rules")["status"] == "success"

@@ -13,7 +13,8 @@ import time
 
 import yaml
 
-from mgmt import AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VM, get_json, host, http, main_pid, post_json, run_role
+from mgmt import (AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VM, VMALERT, get_json, host, http, main_pid, post_json,
+                  run_role)
 from polling import wait_for
 
 with open(os.path.join(SCENARIO_DIR, "group_vars", "management.yml"), encoding="utf-8") as handle:
@@ -55,7 +56,7 @@ def test_invalid_rule_expression_is_refused_and_the_running_rules_stay():
     assert checksums(RULE_FILES) == before
     assert pids("vmalert") == pid_before
     for name in MANAGEMENT:
-        groups = get_json(name, "http://127.0.0.1:8880/api/v1/rules")["data"]["groups"]
+        groups = get_json(name, VMALERT + "/api/v1/rules")["data"]["groups"]
         site = [g for g in groups if g["name"] == "site-e2e"]
         assert site and all(rule["health"] == "ok" for rule in site[0]["rules"])
 

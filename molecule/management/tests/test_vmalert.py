@@ -2,7 +2,7 @@
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, cmdline, unit_property
-from mgmt import MANAGEMENT, get_json
+from mgmt import MANAGEMENT, VMALERT, VMALERT_AUTH, get_json, http
 from polling import wait_for
 
 testinfra_hosts = ["management"]
@@ -46,7 +46,14 @@ def test_flags_point_at_victoriametrics_and_every_alertmanager(host):
             "-notifier." + flag] * len(MANAGEMENT)
     tls = {name: host.file("/etc/vmalert/tls/" + name) for name in ("alertmanager-client", "victoriametrics-client")}
     assert all((f.user, f.group, f.mode) == ("root", "vmalert", 0o640) for f in tls.values())
-    assert "-external.url=http://%s:8880" % name in args
+    assert "-external.url=https://%s:8880" % name in args
+    # its own server: HTTPS with the host's certificate, basic auth whose password is read from its file
+    for flag in ("-tls", "-tlsCertFile=/etc/vmalert/tls/server.crt", "-tlsKeyFile=/etc/vmalert/tls/server.key",
+                 "-tlsMinVersion=TLS12", "-httpAuth.username=hpcobs",
+                 "-httpAuth.password=file:///etc/vmalert/tls/vmalert-client"):
+        assert flag in args
+    own = {part: host.file("/etc/vmalert/tls/" + part) for part in ("vmalert-client", "server.key")}
+    assert all((f.user, f.group, f.mode) == ("root", "vmalert", 0o640) for f in own.values())
     assert "-evaluationInterval=5s" in args
 
 
@@ -67,7 +74,7 @@ def test_every_rule_is_loaded_and_evaluates_without_error(host):
     name = host.check_output("hostname")
 
     def evaluated():
-        groups = get_json(name, "http://127.0.0.1:8880/api/v1/rules")["data"]["groups"]
+        groups = get_json(name, VMALERT + "/api/v1/rules")["data"]["groups"]
         rules = [rule for group in groups for rule in group["rules"]]
         return groups if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) else None
     groups = wait_for("every rule evaluated once", evaluated, timeout=60)
@@ -81,13 +88,12 @@ def test_every_rule_is_loaded_and_evaluates_without_error(host):
 
 def test_health_and_reload_state(host):
     name = host.check_output("hostname")
-    metrics = wait_for("vmalert metrics", lambda: host.check_output(
-        "python3 -c \"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8880/metrics')"
-        ".read().decode())\""), 10)
-    assert "vmalert_config_last_reload_successful 1" in metrics.splitlines()
-    assert get_json(name, "http://127.0.0.1:8880/api/v1/rules")["status"] == "success"
-    assert host.check_output("python3 -c \"import urllib.request;"
-                             "print(urllib.request.urlopen('http://127.0.0.1:8880/health').read().decode())\"") == "OK"
+    def metrics():
+        status, text = http(name, VMALERT + "/metrics", **VMALERT_AUTH)
+        return text if status == 200 else None
+    assert "vmalert_config_last_reload_successful 1" in wait_for("vmalert metrics", metrics, 10).splitlines()
+    assert get_json(name, VMALERT + "/api/v1/rules")["status"] == "success"
+    assert http(name, VMALERT + "/health", ca=VMALERT_AUTH["ca"]) == (200, "OK")
 
 
 def test_memory_footprint(host):

@@ -1,13 +1,17 @@
 """Verify the slurm_metrics collector on the real controllers of both lab clusters (Slurm 22.05 and 24.11).
 
-The collector (hpcobs-slurm-metrics, port 9341, every 5 s in this scenario) serves the names of Slurm's
-metrics/openmetrics plugin. Each check compares what it serves with what Slurm itself says at the same time
+The collector (hpcobs-slurm-metrics, every 5 s in this scenario) serves the names of Slurm's metrics/openmetrics
+plugin. The site's security switch is on (the default): its front (vmauth) serves port 9341 over HTTPS with the
+controller's site certificate and lets only the client user with slurm-metrics-client read /metrics; the collector
+listens on 127.0.0.1:9342 behind it. Each check compares what it serves with what Slurm itself says at the same time
 (sinfo, squeue, scontrol), for a job that holds GPUs and for a node drained with a reason.
 """
 from __future__ import annotations
 
 import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,11 @@ from polling import wait_for
 CLUSTERS = ["d12", "d13"]
 PORT = 9341
 UNIT = "hpcobs-slurm-metrics.service"
+FRONT = "hpcobs-slurm-metrics-front.service"
+CONFIG_DIR = "/etc/hpcobs-slurm-metrics"
+CA = CONFIG_DIR + "/tls/ca.crt"
+# where a test keeps the client credential inside a container (root only), copied from the scenario's site PKI
+PASSWORD_FILE = "/root/.hpcobs-test-slurm-metrics-client"
 TIMEOUT = 60
 REPO = Path(__file__).resolve().parents[3]
 # The raw command output of each cluster is kept here, with sinfo's and squeue's view of the same moment: the
@@ -41,16 +50,57 @@ def podman(name):
     return testinfra.get_host("podman://%s" % name)
 
 
+def credential():
+    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "pki" / "credentials" / "slurm-metrics-client"
+    return path.read_text(encoding="utf-8").strip()
+
+
+def put_credential(container):
+    """The client credential into a root-only file of the container (through stdin: never on a command line)."""
+    subprocess.run(["podman", "exec", "-i", container, "sh", "-c", "umask 077; cat > %s" % PASSWORD_FILE],
+                   input=credential(), text=True, check=True, timeout=30)
+
+
+# argv: url, CA file (- for the system's, insecure for no check), user (- for none), password file; prints the
+# status, then the body (0: nothing answered, the reason as body)
+_FETCH = (
+    "import base64,ssl,sys,urllib.request,urllib.error\n"
+    "url,ca,user,pwfile=sys.argv[1:5]\n"
+    "req=urllib.request.Request(url)\n"
+    "if user!='-': req.add_header('Authorization','Basic '+base64.b64encode((user+':'+open(pwfile).read().strip())"
+    ".encode()).decode())\n"
+    "ctx=ssl._create_unverified_context() if ca=='insecure' else ssl.create_default_context(cafile=None if ca=='-' "
+    "else ca)\n"
+    "try:\n"
+    "  r=urllib.request.urlopen(req,timeout=10,context=ctx); code,body=r.status,r.read()\n"
+    "except urllib.error.HTTPError as e:\n"
+    "  code,body=e.code,e.read()\n"
+    "except OSError as e:\n"
+    "  code,body=0,str(e).encode()\n"
+    "sys.stdout.write('%d\\n' % code + body.decode('utf-8','replace'))\n")
+
+
+def fetch(host, url, ca=CA, user="-", password_file="-", as_user=None):
+    words = " ".join(shlex.quote(w) for w in (url, ca or "-", user, password_file))
+    command = "python3 -c %s %s" % (shlex.quote(_FETCH), words)
+    if as_user:
+        command = "runuser -u %s -- %s" % (as_user, command)
+    code, _, body = host.check_output(command).partition("\n")
+    return int(code), body
+
+
 def metrics(ctl):
-    text = ctl.check_output(
-        "python3 -c \"import urllib.request,sys;"
-        "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:%d/metrics', timeout=10).read().decode())\"" % PORT)
-    return parse_exposition(text)
+    """What the collector serves, read the way VictoriaMetrics reads it: through the front, HTTPS trusting the site
+    CA, with the client credential."""
+    code, body = fetch(ctl, "https://127.0.0.1:%d/metrics" % PORT, CA, "hpcobs", PASSWORD_FILE)
+    assert code == 200, body[:300]
+    return parse_exposition(body)
 
 
 @pytest.fixture(scope="module", params=CLUSTERS)
 def cluster(request):
     name = request.param
+    put_credential("slurm-%s-ctl" % name)
     return {"name": name, "ctl": podman("slurm-%s-ctl" % name), "gpu1": "slurm-%s-gpu1" % name,
             "gpu2": "slurm-%s-gpu2" % name}
 
@@ -104,6 +154,50 @@ def test_collector_runs_unprivileged_and_hardened(cluster):
         assert unit_property(ctl, UNIT, prop) == wanted, prop
     # GPU nodes get no collector
     assert not podman(cluster["gpu1"]).file("/etc/systemd/system/" + UNIT).exists
+    # behind its front: the collector on loopback, vmauth on the port, as the collector's user, hardened too
+    assert "--listen=127.0.0.1:9342" in argv
+    front = cmdline(ctl, FRONT)
+    for flag in ("-httpListenAddr=0.0.0.0:9341", "-httpInternalListenAddr=127.0.0.1:9343", "-tls",
+                 "-tlsCertFile=%s/tls/server.crt" % CONFIG_DIR, "-tlsKeyFile=%s/tls/server.key" % CONFIG_DIR,
+                 "-auth.config=%s/front.yml" % CONFIG_DIR):
+        assert flag in front, flag
+    assert credential() not in " ".join(front)
+    assert_runs_as_its_own_user(ctl, FRONT, "hpcobs-slurm-metrics")
+    for prop, wanted in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("CapabilityBoundingSet", "")]:
+        assert unit_property(ctl, FRONT, prop) == wanted, prop
+    # the auth config holds the password and the key is the host's: neither readable by other users
+    for path in (CONFIG_DIR + "/front.yml", CONFIG_DIR + "/tls/server.key"):
+        item = ctl.file(path)
+        assert (item.user, item.group, item.mode) == ("root", "hpcobs-slurm-metrics", 0o640), path
+    assert ctl.run("runuser -u alice -- cat %s/front.yml" % CONFIG_DIR).rc != 0
+
+
+def test_a_job_on_a_gpu_node_reads_nothing_without_the_credential(cluster):
+    """From a GPU node, as a user's job would: nothing without the credential, nothing over plain HTTP, nothing
+    with a guessed password, and no way around the front; the shipped credential reads /metrics and nothing else."""
+    gpu, ctl = podman(cluster["gpu1"]), cluster["ctl"]
+    url = "https://slurm-%s-ctl:%d" % (cluster["name"], PORT)
+    ca = "insecure"  # an attacker does not care whose certificate it is
+    for path in ("/metrics", "/", "/health", "/metrics?x=1"):
+        code, body = fetch(gpu, url + path, ca, as_user="alice")
+        assert code == 401, "%s without the credential: HTTP %d %s" % (path, code, body[:200])
+    gpu.check_output("printf %s > /tmp/hpcobs-wrong && chmod 0644 /tmp/hpcobs-wrong", "not-the-credential-0123")
+    assert fetch(gpu, url + "/metrics", ca, "hpcobs", "/tmp/hpcobs-wrong", as_user="alice")[0] == 401
+    code, body = fetch(gpu, url.replace("https://", "http://") + "/metrics", "-", as_user="alice")
+    assert code in (0, 400) and "slurm_" not in body
+    # a client that does not trust the site CA refuses the front's certificate
+    code, body = fetch(gpu, url + "/metrics", "-", as_user="alice")
+    assert code == 0 and "CERTIFICATE_VERIFY_FAILED" in body, body[:300]
+    # the collector and the front's own endpoints are on the controller's loopback only
+    host = "slurm-%s-ctl" % cluster["name"]
+    for port in (9342, 9343):
+        code, body = fetch(gpu, "http://%s:%d/metrics" % (host, port), "-", as_user="alice")
+        assert code == 0, "port %d answered from a GPU node: %d %s" % (port, code, body[:200])
+    # with the credential (on the controller): /metrics, and 400 for every other path
+    assert metrics(ctl)
+    for path in ("/", "/health", "/metrics/../flags", "/-/reload"):
+        code, _ = fetch(ctl, "https://127.0.0.1:%d%s" % (PORT, path), CA, "hpcobs", PASSWORD_FILE)
+        assert code in (400, 404), path
 
 
 def test_every_command_works_and_the_cluster_is_described(cluster):

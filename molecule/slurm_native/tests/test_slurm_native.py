@@ -145,7 +145,10 @@ def test_the_role_chose_native_metrics_on_its_own(ctl):
     unit = ctl.check_output("systemctl cat hpcobs-slurm-metrics.service")
     assert "--mode=extras" in unit
     # extras only: the collector leaves the slurm_* series to slurmctld
-    _, body = get(CTL, "http://127.0.0.1:9341/metrics")
+    # (through its front: HTTPS and the collector's client credential, the way VictoriaMetrics scrapes it)
+    code, body = get(CTL, "https://127.0.0.1:9341/metrics", "hpcobs:" + credential("slurm-metrics-client"),
+                     "/etc/hpcobs-slurm-metrics/tls/ca.crt")
+    assert code == 200, body[:300]
     names = {name for name, _ in parse_exposition(body)}
     assert "hpcobs_slurm_node_state_info" in names
     assert not {n for n in names if n.startswith("slurm_")}, sorted(names)
@@ -240,7 +243,8 @@ def test_drained_node_fires_the_alert_with_its_reason(ctl, job):
     sq(ctl, "scontrol", "update", "nodename=%s" % GPU, "state=drain", "reason=%s" % REASON)
     try:
         def firing():
-            code, body = get(MGMT, "http://127.0.0.1:8880/api/v1/alerts")
+            code, body = get(MGMT, "https://127.0.0.1:8880/api/v1/alerts", "hpcobs:" + credential("vmalert-client"),
+                             "/etc/vmalert/tls/ca.crt")
             assert code == 200, body[:300]
             alerts = [a for a in json.loads(body)["data"]["alerts"]
                       if a["name"] == "HpcobsSlurmNodeUnavailable" and a["state"] == "firing"]

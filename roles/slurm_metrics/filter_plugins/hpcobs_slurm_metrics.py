@@ -1,5 +1,6 @@
-"""Filters of the slurm_metrics role: whether slurmctld serves the Slurm metrics itself (and with which token), and
-what to do with slurm.conf's MailProg for the job-end GPU summary."""
+"""Filters of the slurm_metrics role: whether slurmctld serves the Slurm metrics itself (and with which token), what
+to do with slurm.conf's MailProg for the job-end GPU summary, and what is wrong with the settings of the collector's
+front (the security switch)."""
 from __future__ import annotations
 
 import re
@@ -126,6 +127,43 @@ def mailprog_plan(conf_lines, enabled, wrapper, mailer):
     return plan
 
 
+LOOPBACK = re.compile(r"^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\]):([0-9]{1,5})$")
+CLIENT_USER = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _port(listen):
+    return int(str(listen).rsplit(":", 1)[1]) if ":" in str(listen) else -1
+
+
+def front_problems(security, listen, backend, internal, tls_min_version, config_dir, client_user):
+    """What is wrong with the settings of the collector's front (a list of sentences, empty when nothing is). The
+    front only exists under the security switch: then the collector (backend) and the front's own endpoints
+    (internal) must be loopback addresses of their own, apart from the front's address, or a job could reach the
+    collector around the front."""
+    if not security:
+        return []
+    problems = []
+    for name, value in (("slurm_metrics_backend_listen_address", backend),
+                        ("slurm_metrics_front_internal_listen_address", internal)):
+        match = LOOPBACK.match(str(value))
+        if not match or not 0 < int(match.group(2)) < 65536:
+            problems.append("%s must be a loopback address with a port, such as 127.0.0.1:9342 (got %r)" % (name, value))
+    ports = [_port(listen), _port(backend), _port(internal)]
+    if len(set(ports)) != 3:
+        problems.append("slurm_metrics_listen_address, slurm_metrics_backend_listen_address and "
+                        "slurm_metrics_front_internal_listen_address need three different ports (got %s)"
+                        % ", ".join(str(port) for port in ports))
+    if tls_min_version not in ("TLS12", "TLS13"):
+        problems.append("slurm_metrics_tls_min_version must be TLS12 or TLS13 (got %r)" % (tls_min_version,))
+    path = str(config_dir or "")
+    if not PATH.match(path) or path.rstrip("/") in ("", "/etc", "/usr", "/var", "/tmp"):
+        problems.append("slurm_metrics_config_dir must be an absolute directory of its own (got %r)" % (config_dir,))
+    if not CLIENT_USER.match(str(client_user or "")):
+        problems.append("slurm_metrics_client_user must be letters, digits, . _ - (got %r)" % (client_user,))
+    return problems
+
+
 class FilterModule:
     def filters(self):
-        return {"hpcobs_slurm_mailprog_plan": mailprog_plan, "hpcobs_slurm_native_plan": native_plan}
+        return {"hpcobs_slurm_mailprog_plan": mailprog_plan, "hpcobs_slurm_native_plan": native_plan,
+                "hpcobs_slurm_metrics_front_problems": front_problems}
