@@ -56,7 +56,10 @@ def decide(tmp_path, version, conf, mode, token_user="", http_jwt=True):
                              str(tmp_path / "play.yml"), "-e", json.dumps({"hpcobs_slurm_native_metrics": mode,
                                                                      "slurm_metrics_token_user": token_user,
                                                                      "slurm_metrics_plugin_dirs": [str(plugins)],
-                                                                     "slurm_metrics_slurm_conf": str(tmp_path / "slurm.conf")})],
+                                                                     "slurm_metrics_slurm_conf": str(tmp_path / "slurm.conf"),
+                                                                     # the front (its bundle check) is
+                                                                     # test_slurm_metrics_front.py's
+                                                                     "slurm_metrics_security": False})],
                             capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                                      # the preflight's tasks run outside the role: its filters as the role has them
