@@ -16,11 +16,11 @@ FAULT ?= ecc-dbe
 CODE ?=
 
 .PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-report lab-status \
-        test lint unit molecule bench
+        test lint unit molecule bench bench-deploy bench-deploy-smoke
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke"
 
 setup:
 	@scripts/setup.sh
@@ -82,3 +82,17 @@ molecule: setup
 
 bench: setup
 	@scripts/bench.sh
+
+# The GPU-node play on N systemd containers over SSH (make bench-deploy N="10 50 100 200" RUNS=3): first converge,
+# no-op rerun, the node_exporter-only baseline; figures in .cache/bench/deploy, plots in docs/performance.
+N ?= 10 50
+RUNS ?= 1
+CONNECTION ?= ssh
+bench-deploy: setup
+	@scripts/test.sh prepare
+	@python3 bench/deploy.py --nodes $(N) --runs $(RUNS) --connection $(CONNECTION)
+	@python3 bench/plot.py
+
+bench-deploy-smoke: setup
+	@scripts/test.sh prepare
+	@python3 bench/deploy.py --smoke

@@ -10,6 +10,7 @@
 #
 #   scripts/test.sh                    everything
 #   scripts/test.sh lint | unit        one phase
+#   scripts/test.sh prepare            only what the scenarios and benchmarks need (images, tools, test bundle)
 #   scripts/test.sh molecule [NAME..]  some or all scenarios
 set -u
 cd "$(dirname "$0")/.."
@@ -195,12 +196,14 @@ case "$phase" in
     ;;
   lint) scripts/setup.sh && run_step lint lint ;;
   unit) run_step unit unit ;;
+  # what the scenarios and the benchmarks need (images, tools, the test bundle), nothing run
+  prepare) run_step prepare prepare ;;
   _scenario) one_scenario "$1"; exit 0 ;;
   molecule)
     run_step prepare prepare
     [ $failed = 0 ] && molecule_all "$@"
     ;;
-  *) echo "usage: $0 [all|lint|unit|molecule [scenario...]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|lint|unit|prepare|molecule [scenario...]]" >&2; exit 2 ;;
 esac
 
 # Failures again at the end of the output, where a truncated log still shows them.
