@@ -4,6 +4,8 @@ A staged rollout (serial batches with a canary and max_fail_percentage, manageme
 way on purpose, and Ansible then skips the rest of the run without a word about the hosts it never reached. This
 callback prints, after the recap, one block "NOT DEPLOYED" with:
   - each host that failed (first failed task and its message) or was unreachable;
+  - each host of a batch that Ansible stopped part way because the batch's failed share went beyond
+    max_fail_percentage (the host itself did not fail), with the task it stopped at;
   - each host a play was meant to reach but never did (the play stopped after a failed batch, a failed canary or an
     earlier play stopped the run), with the first such play.
 Enabled in ansible.cfg (callbacks_enabled = hpcobs_rollout); it changes nothing and prints nothing else.
@@ -33,6 +35,10 @@ class CallbackModule(CallbackBase):
         self.planned = []  # [(play name, play uuid, [hosts])] in playbook order
         self.reached = {}  # play uuid -> hosts of the batches that started
         self.problems = {}  # host -> first reason
+        self.stopped = {}  # host -> where its batch was stopped (it did not fail itself)
+        self.play = None
+        self.batch = []  # the hosts of the current serial batch
+        self.task = ""
         self.inventory = None
 
     @staticmethod
@@ -55,9 +61,24 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_play_start(self, play):
         manager = getattr(play, "_variable_manager", None)
         inventory = getattr(manager, "_inventory", None)
+        self.play = play
+        self.batch = []
         if inventory is not None:
             # the inventory is restricted to the current serial batch here
-            self.reached.setdefault(play._uuid, set()).update(self._hosts(inventory, play.hosts))
+            self.batch = self._hosts(inventory, play.hosts)
+            self.reached.setdefault(play._uuid, set()).update(self.batch)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self.task = task.get_name()
+
+    def v2_playbook_on_no_hosts_remaining(self):
+        # Ansible stops a whole batch (linear strategy) once its failed share passes max_fail_percentage: the batch's
+        # other hosts end the play part way, counted as neither failed nor unreachable in the stats.
+        if self.play is not None:
+            for host in self.batch:
+                if host not in self.problems:
+                    self.stopped.setdefault(host, "stopped in task [%s] of play [%s]: its batch's failed share went beyond "
+                                                  "max_fail_percentage" % (self.task, self.play.get_name()))
 
     def _note(self, result, kind):
         host = result._host.get_name()
@@ -81,12 +102,14 @@ class CallbackModule(CallbackBase):
         lines = []
         for host in sorted(self.problems):
             lines.append("  %s: %s" % (host, self.problems[host]))
+        for host in sorted(set(self.stopped) - set(self.problems)):
+            lines.append("  %s: %s" % (host, self.stopped[host]))
         unreached = {}
         if self.inventory is not None:
             self.inventory.remove_restriction()
             for name, uuid, pattern in self.planned:
                 for host in self._hosts(self.inventory, pattern):
-                    if host not in self.problems and host not in self.reached.get(uuid, set()):
+                    if host not in self.problems and host not in self.stopped and host not in self.reached.get(uuid, set()):
                         unreached.setdefault(host, name)
         for host in sorted(unreached):
             lines.append("  %s: never reached by play [%s] (the run stopped before it: a failed canary or batch "
