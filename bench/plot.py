@@ -74,6 +74,9 @@ def plot(grouped: dict[tuple, list[dict]], out: Path) -> list[Path]:
             ax.errorbar(xs, ys, yerr=[[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]],
                         fmt=style, capsize=3, label="%s %s (%s)" % (play, "first converge" if phase == "converge"
                                                                    else "no-op rerun", connection))
+    every_n = sorted({n for points in series.values() for n, _ in points})
+    ax.set_xticks(every_n)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("GPU nodes (N)")
     ax.set_ylabel("wall time, s (median; bars: min-max)")
     ax.set_title("Deploy wall time against the number of GPU nodes")
@@ -101,6 +104,8 @@ def plot(grouped: dict[tuple, list[dict]], out: Path) -> list[Path]:
     rss_ax.set_xlabel("GPU nodes (N)")
     rss_ax.set_ylabel("MiB")
     for axis in (cpu_ax, rss_ax):
+        axis.set_xticks(every_n)
+        axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
     fig.tight_layout()
