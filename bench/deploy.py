@@ -223,15 +223,20 @@ def run_play(playbooks: list[Path], inventory: Path, log: Path, connection: str)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     cpu += sum(cpu_seconds(pid) for pid in ssh_multiplexers(started_wall))
-    hosts = {}
-    for line in log.read_text().splitlines():
-        match = RECAP.match(line)
-        if match and match.group(1) != "localhost":
-            ok, changed, unreachable, failed, skipped = (int(match.group(i)) for i in range(2, 7))
-            # a host of several plays has one recap line holding every play's tasks
-            hosts[match.group(1)] = {"ok": ok, "changed": changed, "failed": failed + unreachable, "skipped": skipped}
     return {"rc": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_mib": round(peak / 2**20),
-            "hosts": len(hosts),
+            **recap_figures(log.read_text(), gpu_nodes=lambda name: name.startswith("gpu"))}
+
+
+def recap_figures(output: str, gpu_nodes) -> dict:
+    """Tasks per host, changed tasks and failed hosts from a run's PLAY RECAP, for the hosts gpu_nodes(name) keeps
+    (a host of several plays has one recap line holding every play's tasks; ok counts changed ones too)."""
+    hosts = {}
+    for line in output.splitlines():
+        match = RECAP.match(line)
+        if match and gpu_nodes(match.group(1)):
+            ok, changed, unreachable, failed, skipped = (int(match.group(i)) for i in range(2, 7))
+            hosts[match.group(1)] = {"ok": ok, "changed": changed, "failed": failed + unreachable, "skipped": skipped}
+    return {"hosts": len(hosts),
             "tasks_per_host": max((h["ok"] + h["skipped"] for h in hosts.values()), default=0),
             "ok_per_host": max((h["ok"] for h in hosts.values()), default=0),
             "changed": sum(h["changed"] for h in hosts.values()),
