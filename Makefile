@@ -16,11 +16,11 @@ FAULT ?= ecc-dbe
 CODE ?=
 
 .PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-report lab-status \
-        test lint unit molecule bench bench-deploy bench-deploy-smoke
+        test lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality"
 
 setup:
 	@scripts/setup.sh
@@ -96,3 +96,8 @@ bench-deploy: setup
 bench-deploy-smoke: setup
 	@scripts/test.sh prepare
 	@python3 bench/deploy.py --smoke
+
+# Series per exporter of one deployed 8-GPU node against the budget of 1 500 (docs/performance.md).
+bench-cardinality: setup
+	@scripts/test.sh prepare
+	@python3 bench/cardinality.py

@@ -115,10 +115,12 @@ def start_nodes(count: int, pubkey: Path) -> dict[str, str]:
     return dict(zip(names, addresses))
 
 
-def write_inventory(path: Path, nodes: dict[str, str], key: Path, connection: str, pki_dir: Path) -> None:
+def write_inventory(path: Path, nodes: dict[str, str], key: Path, connection: str, pki_dir: Path,
+                    extra_vars: dict | None = None) -> None:
     all_vars = {
         "hpcobs_pki_dir": str(pki_dir),
         **GPU_NODE_VARS,
+        **(extra_vars or {}),
     }
     if connection == "ssh":
         all_vars.update({

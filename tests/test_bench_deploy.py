@@ -93,3 +93,16 @@ def test_the_plots_are_written_as_png(tmp_path):
     assert [path.name for path in written] == ["deploy-wall.png", "deploy-controller.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+cardinality = load("cardinality")
+
+
+def test_series_are_counted_per_metric_family_without_comments():
+    text = ("# HELP node_cpu_seconds_total x\n# TYPE node_cpu_seconds_total counter\n"
+            'node_cpu_seconds_total{cpu="0",mode="idle"} 1\nnode_cpu_seconds_total{cpu="1",mode="idle"} 2\n'
+            "\nhpc_job_info 1 1700000000000\n"
+            'go_gc_duration_seconds{quantile="0.5"} 0.1\ngo_gc_duration_seconds_sum 1\n')
+    assert cardinality.families(text) == {"node_cpu_seconds_total": 2, "hpc_job_info": 1, "go_gc_duration_seconds": 1,
+                                          "go_gc_duration_seconds_sum": 1}
+
