@@ -82,10 +82,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the node running")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    key = args.out / "id_ed25519"
-    if not key.exists():
-        deploy.subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hpcobs-bench", "-f", str(key)],
-                              check=True)
+    key = deploy.ensure_key(args.out)
     deploy.build_image()
     components = service.load_components()
     # the exporters of a GPU node; the log shippers' own metrics are left out (the test bundle's Promtail and Alloy

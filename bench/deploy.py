@@ -79,6 +79,14 @@ def build_image() -> None:
         sys.exit("bench-deploy: building %s failed:\n%s" % (IMAGE, (result.stdout + result.stderr)[-3000:]))
 
 
+def ensure_key(directory: Path) -> Path:
+    """The benchmark's SSH key in directory (made once); its .pub goes into every node's authorized_keys."""
+    key = directory / "id_ed25519"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hpcobs-bench", "-f", str(key)], check=True)
+    return key
+
+
 def remove_nodes() -> None:
     names = podman("ps", "-a", "--format", "{{.Names}}", "--filter", "name=^" + PREFIX, check=False).stdout.split()
     if names:
@@ -141,16 +149,19 @@ def write_inventory(path: Path, nodes: dict[str, str], key: Path, connection: st
     path.write_text(json.dumps(inventory, indent=1))
 
 
+def proc_stat(pid) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 on), or None once the process is gone."""
+    try:
+        return Path("/proc/%s/stat" % pid).read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def session_processes(session: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path("/proc/%s/stat" % entry).read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session:  # field 6 of stat: the session id
+        fields = proc_stat(entry) if entry.isdigit() else None
+        if fields and int(fields[3]) == session:  # field 6 of stat: the session id
             pids.append(int(entry))
     return pids
 
@@ -175,18 +186,17 @@ def ssh_multiplexers(since: float) -> list[int]:
             continue
         try:
             cmdline = Path("/proc/%s/cmdline" % entry).read_bytes()
-            fields = Path("/proc/%s/stat" % entry).read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if b"[mux]" in cmdline and boot + int(fields[19]) / ticks >= since - 1:
+        fields = proc_stat(entry)
+        if fields and b"[mux]" in cmdline and boot + int(fields[19]) / ticks >= since - 1:
             pids.append(int(entry))
     return pids
 
 
 def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -268,9 +278,7 @@ def main() -> int:
             sys.exit("bench-deploy: %d nodes need about %d MiB, %d MiB are available: choose fewer --nodes"
                      % (count, count * 110, mem_free // 2**20))
     args.out.mkdir(parents=True, exist_ok=True)
-    key = args.out / "id_ed25519"
-    if not key.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hpcobs-bench", "-f", str(key)], check=True)
+    key = ensure_key(args.out)
     build_image()
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() and not args.smoke else []
