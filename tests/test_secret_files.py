@@ -4,12 +4,13 @@ task with no_log (it handles a secret) must be in it too, so a new one cannot be
 import glob
 import os
 import re
+import sys
 
 import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = ("ansible.builtin.template", "ansible.builtin.copy", "template", "copy")
+MODULES = ("ansible.builtin.template", "ansible.builtin.copy", "template", "copy", "hpcobs_files")
 
 # (role, task name) -> why the file can hold a secret
 SECRET_FILES = {
@@ -32,10 +33,12 @@ SECRET_FILES = {
     ("victoriametrics", "Write the scrape configuration (checked by victoria-metrics -promscrape.config.dryRun first)"):
         "basic-auth passwords and bearer tokens of scrape jobs",
     ("victoriametrics", "Install the Slurm token for slurmctld's metrics"): "the Slurm JWT of the MetricsAuthUsers user",
-    ("service", "Install the key of {{ service_name }}"): "the host's TLS private key (tasks_from: tls)",
-    ("service", "Install the credentials of {{ service_name }}"): "the site PKI's generated credentials (tasks_from: tls)",
+    ("service", "Install the TLS files of {{ service_name }}"):
+        "the host's TLS private key and the site PKI's generated credentials (tasks_from: tls)",
     ("service", "Write the web configuration of {{ service_name }}"):
         "the bcrypt hash of a generated credential (tasks_from: web_config)",
+    ("service", "Install the TLS files and the web configuration of {{ service_name }}"):
+        "the key, the credentials and the bcrypt hash of a credential (tasks_from: web_tls)",
     ("service", "Write the auth config of {{ service_name }}"):
         "the users' passwords of a vmauth front (tasks_from: vmauth_front: Loki's push and reader credentials)",
 }
@@ -96,8 +99,35 @@ def _credentials_mode_default():
     return str(defaults["service_tls_credentials_mode"])
 
 
+def _hpcobs_files_modes(entries_var):
+    """The widest mode among the secret files a hpcobs_files task of roles/service writes with the role's defaults:
+    the key and the credentials of the TLS set (hpcobs_tls_files), the web configuration."""
+    def widest():
+        sys.path.insert(0, os.path.join(ROOT, "playbooks", "filter_plugins"))
+        import hpcobs_service  # noqa: E402 (the filter the defaults call)
+        defaults = yaml.safe_load(open(os.path.join(ROOT, "roles", "service", "defaults", "main.yml")))
+        modes = []
+        if "tls" in entries_var:
+            files = hpcobs_service.tls_files("/etc/x/tls", "x", "ca", "crt", "key", True, ["cred"], "/pki",
+                                             _credentials_mode_default())
+            modes += [entry["mode"] for entry in files if not entry["dest"].endswith((".crt",))]
+            assert "_service_tls_files" in defaults and "hpcobs_tls_files" in defaults["_service_tls_files"]
+        if "web" in entries_var:
+            text = defaults["_service_web_config_files"]
+            found = re.findall(r"'mode': '([0-7]+)'", text)
+            assert found, "no mode in _service_web_config_files"
+            modes += found
+        return max(modes, key=lambda mode: int(mode, 8) & 0o077)
+    return widest
+
+
 # tasks whose mode is a setting: what it is by default (checked like a literal mode)
-WIDER_BY_CHOICE = {("service", "Install the credentials of {{ service_name }}"): _credentials_mode_default}
+WIDER_BY_CHOICE = {
+    ("service", "Install the TLS files of {{ service_name }}"): _hpcobs_files_modes("tls"),
+    ("service", "Write the web configuration of {{ service_name }}"): _hpcobs_files_modes("web"),
+    ("service", "Install the TLS files and the web configuration of {{ service_name }}"):
+        _hpcobs_files_modes("tls web"),
+}
 
 
 def test_every_file_task_that_handles_a_secret_is_listed():

@@ -624,6 +624,30 @@ def slurm_token_minted(stdout):
     return match.group(1)
 
 
+def tls_files(tls_dir, group, ca, cert="", key="", server=True, credentials=(), pki_dir="",
+              credentials_mode="0640"):
+    """The hpcobs_files entries of a service's TLS set (roles/service tasks_from: tls): the site CA (0644), with
+    `server` the host's certificate (0644) and key (0640), and each credential of the site PKI (`credentials_mode`),
+    all root:<group> in `tls_dir`. A name that is not a plain file name is refused (it would write elsewhere)."""
+    if not str(tls_dir).startswith("/"):
+        raise AnsibleFilterError("service_tls_dir must be an absolute path, got %r" % (tls_dir,))
+    if not group:
+        raise AnsibleFilterError("service_group is empty: the TLS files are root:<service_group>")
+    entries = [("ca.crt", ca, "0644")]
+    if server:
+        entries += [("server.crt", cert, "0644"), ("server.key", key, "0640")]
+    for name in credentials or []:
+        name = str(name)
+        if not name or "/" in name or name in (".", ".."):
+            raise AnsibleFilterError("service_tls_credentials: %r is not a credential name" % (name,))
+        entries.append((name, "%s/credentials/%s" % (str(pki_dir).rstrip("/"), name), str(credentials_mode)))
+    for name, src, _ in entries:
+        if not src:
+            raise AnsibleFilterError("no source for %s of %s" % (name, tls_dir))
+    return [{"dest": "%s/%s" % (str(tls_dir).rstrip("/"), name), "src": str(src), "owner": "root",
+             "group": str(group), "mode": mode} for name, src, mode in entries]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -649,6 +673,7 @@ class FilterModule:
             "hpcobs_components_problem": components_problem,
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_front_config": front_config,
+            "hpcobs_tls_files": tls_files,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
             "hpcobs_peer_names": peer_names,

@@ -1,0 +1,198 @@
+#!/usr/bin/python
+"""Ansible module: a service's directories and small files (TLS set, credentials, configuration) in one run."""
+
+DOCUMENTATION = r"""
+module: hpcobs_files
+short_description: Make a set of directories and small files match, in one module run
+description:
+  - Creates each directory of I(directories) and fixes its owner, group and mode; then, for each file of I(files),
+    compares the content with the file on the host (sha256) and replaces it atomically (a temporary file in the same
+    directory, owner, group and mode set before the rename, fsync) when it differs, or fixes only its owner, group
+    and mode when just those differ.
+  - One module run for what would otherwise be a stat and a copy per file: on a converged host the whole set costs
+    one round trip.
+  - Contents are never returned, logged or shown as a diff (the option is no_log); the result names the paths that
+    changed (or would change in check mode).
+  - Called through the action plugin of the same name (roles/service/action_plugins), which reads C(src) files on
+    the controller; see roles/service/README.md (entry points tls, web_config, web_tls).
+options:
+  directories:
+    type: list
+    elements: dict
+    default: []
+    description: "C({path, owner, group, mode}): made when missing, never emptied."
+  files:
+    type: list
+    elements: dict
+    default: []
+    description: "C({dest, content (base64), owner, group, mode})."
+"""
+
+RETURN = r"""
+changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
+"""
+
+import base64
+import grp
+import hashlib
+import os
+import pwd
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+class FilesError(Exception):
+    """A wrong request: the message names the path and what is wrong."""
+
+
+def parse_mode(value, path):
+    """An octal mode given as text ("0640", "640") or a number; anything else is refused."""
+    text = str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value & 0o7777
+    if not text or any(char not in "01234567" for char in text) or len(text) > 4:
+        raise FilesError("%s: mode %r is not an octal mode such as 0640" % (path, value))
+    return int(text, 8)
+
+
+def owner_ids(owner, group, path, check_mode):
+    """(uid, gid) of the names; None for an account that does not exist yet in check mode (it would be made by an
+    earlier task of the same run), an error otherwise."""
+    ids = []
+    for kind, name, lookup in (("user", owner, lambda n: pwd.getpwnam(n).pw_uid),
+                               ("group", group, lambda n: grp.getgrnam(n).gr_gid)):
+        try:
+            ids.append(lookup(name))
+        except KeyError:
+            if check_mode:
+                ids.append(None)
+            else:
+                raise FilesError("%s: the %s %r does not exist on this host" % (path, kind, name))
+    return ids[0], ids[1]
+
+
+def attributes_differ(info, uid, gid, mode):
+    return (uid is None or gid is None or info.st_uid != uid or info.st_gid != gid
+            or stat.S_IMODE(info.st_mode) != mode)
+
+
+def sync_directory(entry, check_mode):
+    """Make one directory; True when it was (or would be) made or changed."""
+    path = entry["path"]
+    mode = parse_mode(entry.get("mode", "0755"), path)
+    uid, gid = owner_ids(entry.get("owner", "root"), entry.get("group", "root"), path, check_mode)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISDIR(info.st_mode):
+        raise FilesError("%s exists and is not a directory: nothing was changed; move it away first" % path)
+    if info is not None and not attributes_differ(info, uid, gid, mode):
+        return False
+    if not check_mode:
+        if info is None:
+            os.mkdir(path, 0o700)
+        os.chown(path, uid, gid, follow_symlinks=False)
+        os.chmod(path, mode)
+    return True
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sync_file(entry, check_mode):
+    """Make one file hold the content, owner, group and mode asked; True when it was (or would be) changed."""
+    path = entry["dest"]
+    mode = parse_mode(entry.get("mode", "0644"), path)
+    uid, gid = owner_ids(entry.get("owner", "root"), entry.get("group", "root"), path, check_mode)
+    try:
+        content = base64.b64decode(entry["content"], validate=True)
+    except (KeyError, ValueError, TypeError):
+        raise FilesError("%s: the content is not base64 (the action plugin encodes it)" % path)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        # A symlink here could point a root write anywhere: refuse rather than follow it.
+        raise FilesError("%s exists and is not a regular file: nothing was changed; move it away first" % path)
+    same_content = info is not None and sha256_of(path) == hashlib.sha256(content).hexdigest()
+    if same_content and not attributes_differ(info, uid, gid, mode):
+        return False
+    if check_mode:
+        return True
+    if same_content:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        os.chmod(path, mode)
+        return True
+    directory = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
+    try:
+        # Owner and mode before a single byte is written: a key is never readable by others, not even briefly.
+        os.fchown(handle, uid, gid)
+        os.fchmod(handle, mode)
+        with os.fdopen(handle, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+    return True
+
+
+def sync(directories, files, check_mode):
+    """Directories first (files go into them), then files; the paths changed, in order."""
+    changed = []
+    for entry in directories:
+        if sync_directory(entry, check_mode):
+            changed.append(entry["path"])
+    for entry in files:
+        parent = os.path.dirname(entry["dest"])
+        if check_mode and parent in changed and not os.path.isdir(parent):
+            changed.append(entry["dest"])  # its directory would be made first: the file would be new
+            continue
+        if sync_file(entry, check_mode):
+            changed.append(entry["dest"])
+    return changed
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            directories=dict(type="list", elements="dict", default=[], options=dict(
+                path=dict(type="path", required=True),
+                owner=dict(type="str", default="root"),
+                group=dict(type="str", default="root"),
+                mode=dict(type="raw", default="0755"),
+            )),
+            files=dict(type="list", elements="dict", default=[], options=dict(
+                dest=dict(type="path", required=True),
+                content=dict(type="str", required=True, no_log=True),
+                owner=dict(type="str", default="root"),
+                group=dict(type="str", default="root"),
+                mode=dict(type="raw", default="0644"),
+            )),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        changed = sync(module.params["directories"], module.params["files"], module.check_mode)
+    except (FilesError, OSError) as error:
+        module.fail_json(msg=str(error), changed_paths=[])
+    module.exit_json(changed=bool(changed), changed_paths=changed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""roles/service's hpcobs_files: the module (one run for a service's directories and small files) and what its
+action plugin does on the controller before the host is touched. The roles' use of it converges in every scenario
+with the security switch on (the TLS set and web configuration of each exporter)."""
+import base64
+import importlib.util
+import os
+import stat
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "playbooks", "filter_plugins"))
+
+import hpcobs_service  # noqa: E402
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MODULE = load("hpcobs_files_module", "roles/service/library/hpcobs_files.py")
+ACTION = load("hpcobs_files_action", "roles/service/action_plugins/hpcobs_files.py")
+ME = __import__("pwd").getpwuid(os.getuid()).pw_name
+MY_GROUP = __import__("grp").getgrgid(os.getgid()).gr_name
+
+
+def entry(dest, data, mode="0640"):
+    return {"dest": str(dest), "content": base64.b64encode(data).decode(), "owner": ME, "group": MY_GROUP,
+            "mode": mode}
+
+
+def test_a_new_set_is_made_then_a_rerun_changes_nothing(tmp_path):
+    tls = tmp_path / "tls"
+    directories = [{"path": str(tls), "owner": ME, "group": MY_GROUP, "mode": "0750"}]
+    files = [entry(tls / "ca.crt", b"CA\n", "0644"), entry(tls / "server.key", b"KEY\n", "0640")]
+    assert MODULE.sync(directories, files, check_mode=False) == [str(tls), str(tls / "ca.crt"),
+                                                                   str(tls / "server.key")]
+    assert stat.S_IMODE(os.stat(tls).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(tls / "server.key").st_mode) == 0o640
+    assert (tls / "server.key").read_bytes() == b"KEY\n"
+    assert MODULE.sync(directories, files, check_mode=False) == []
+    assert sorted(os.listdir(tls)) == ["ca.crt", "server.key"], "no temporary file is left behind"
+
+
+def test_check_mode_names_what_would_change_and_writes_nothing(tmp_path):
+    tls = tmp_path / "tls"
+    directories = [{"path": str(tls), "owner": ME, "group": MY_GROUP, "mode": "0750"}]
+    assert MODULE.sync(directories, [entry(tls / "ca.crt", b"CA")], check_mode=True) == [str(tls),
+                                                                                          str(tls / "ca.crt")]
+    assert not tls.exists()
+    target = tmp_path / "web.yml"
+    target.write_bytes(b"old")
+    assert MODULE.sync([], [entry(target, b"new")], check_mode=True) == [str(target)]
+    assert target.read_bytes() == b"old"
+
+
+def test_a_changed_content_is_replaced_and_a_wrong_mode_is_fixed_in_place(tmp_path):
+    target = tmp_path / "web.yml"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o644)
+    assert MODULE.sync([], [entry(target, b"old", "0640")], check_mode=False) == [str(target)]
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640 and target.read_bytes() == b"old"
+    inode = os.stat(target).st_ino
+    assert MODULE.sync([], [entry(target, b"new", "0640")], check_mode=False) == [str(target)]
+    assert target.read_bytes() == b"new" and os.stat(target).st_ino != inode, "replaced by rename, not rewritten"
+
+
+def test_a_symlink_or_a_directory_in_the_way_is_refused_and_left_alone(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"precious")
+    link = tmp_path / "server.key"
+    link.symlink_to(elsewhere)
+    with pytest.raises(MODULE.FilesError, match="not a regular file"):
+        MODULE.sync([], [entry(link, b"KEY")], check_mode=False)
+    assert elsewhere.read_bytes() == b"precious" and link.is_symlink()
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(MODULE.FilesError, match="not a directory"):
+        MODULE.sync([{"path": str(tmp_path / "plain"), "owner": ME, "group": MY_GROUP}], [], check_mode=False)
+
+
+def test_an_account_made_later_in_the_run_is_a_change_in_check_mode_and_an_error_otherwise(tmp_path):
+    wanted = {"path": str(tmp_path / "tls"), "owner": "root", "group": "hpcobs-no-such-group", "mode": "0750"}
+    assert MODULE.sync([wanted], [], check_mode=True) == [str(tmp_path / "tls")]
+    with pytest.raises(MODULE.FilesError, match="group 'hpcobs-no-such-group' does not exist"):
+        MODULE.sync([wanted], [], check_mode=False)
+    assert not (tmp_path / "tls").exists()
+
+
+@pytest.mark.parametrize("mode", ["rw-r-----", "0999", "", "12345"])
+def test_a_mode_that_is_not_octal_is_refused(mode, tmp_path):
+    with pytest.raises(MODULE.FilesError, match="not an octal mode"):
+        MODULE.sync([], [entry(tmp_path / "f", b"x", mode)], check_mode=False)
+
+
+def test_the_action_plugin_reads_sources_and_skips_only_in_check_mode():
+    sources = {"/pki/ca.crt": b"CA"}
+    files = [{"dest": "/etc/x/ca.crt", "src": "/pki/ca.crt", "mode": "0644"},
+             {"dest": "/etc/x/server.key", "src": "/pki/hosts/n1.key", "mode": "0640"},
+             {"dest": "/etc/x/web.yml", "content": "tls_server_config: {}\n", "mode": "0640"}]
+    encoded, skipped = ACTION.encode_files(files, True, sources.get)
+    assert skipped == ["/etc/x/server.key"]
+    assert [base64.b64decode(item["content"]) for item in encoded] == [b"CA", b"tls_server_config: {}\n"]
+    assert all("src" not in item for item in encoded)
+    with pytest.raises(ACTION.AnsibleActionFail, match="server.key: its source /pki/hosts/n1.key does not exist"):
+        ACTION.encode_files(files, False, sources.get)
+
+
+def test_the_action_plugin_refuses_a_malformed_entry_before_the_host_is_touched():
+    with pytest.raises(ACTION.AnsibleActionFail, match="exactly one of src and content"):
+        ACTION.encode_files([{"dest": "/a", "src": "/b", "content": "c"}], False, lambda src: b"")
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"files\[0\] has unknown keys backup"):
+        ACTION.check_entries([{"dest": "/a", "backup": True}], ACTION.FILE_KEYS, "dest", "files")
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"directories\[0\] has no path"):
+        ACTION.check_entries([{"mode": "0750"}], ACTION.DIRECTORY_KEYS, "path", "directories")
+
+
+def test_the_tls_set_of_a_service():
+    files = hpcobs_service.tls_files("/etc/node_exporter/tls", "node_exporter", "/pki/ca.crt", "/pki/hosts/n.crt",
+                                     "/pki/hosts/n.key", True, ["loki-push-n"], "/pki", "0640")
+    assert [(f["dest"], f["src"], f["mode"]) for f in files] == [
+        ("/etc/node_exporter/tls/ca.crt", "/pki/ca.crt", "0644"),
+        ("/etc/node_exporter/tls/server.crt", "/pki/hosts/n.crt", "0644"),
+        ("/etc/node_exporter/tls/server.key", "/pki/hosts/n.key", "0640"),
+        ("/etc/node_exporter/tls/loki-push-n", "/pki/credentials/loki-push-n", "0640")]
+    assert {(f["owner"], f["group"]) for f in files} == {("root", "node_exporter")}
+    client_only = hpcobs_service.tls_files("/etc/loki/tls", "loki", "/pki/ca.crt", server=False)
+    assert [f["dest"] for f in client_only] == ["/etc/loki/tls/ca.crt"]
+
+
+@pytest.mark.parametrize("tls_dir,group,credentials,message", [
+    ("etc/tls", "g", [], "absolute path"),
+    ("/etc/tls", "", [], "service_group is empty"),
+    ("/etc/tls", "g", ["../../etc/shadow"], "not a credential name"),
+    ("/etc/tls", "g", [".."], "not a credential name"),
+])
+def test_the_tls_set_refuses_what_would_write_elsewhere(tls_dir, group, credentials, message):
+    with pytest.raises(hpcobs_service.AnsibleFilterError, match=message):
+        hpcobs_service.tls_files(tls_dir, group, "/pki/ca.crt", "/c", "/k", True, credentials, "/pki")
