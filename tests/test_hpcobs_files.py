@@ -46,6 +46,13 @@ def test_a_new_set_is_made_then_a_rerun_changes_nothing(tmp_path):
     assert sorted(os.listdir(tls)) == ["ca.crt", "server.key"], "no temporary file is left behind"
 
 
+def test_missing_parents_are_made_and_a_directory_listed_twice_is_one_change(tmp_path):
+    hooks = tmp_path / "slurm" / "prolog.d"
+    wanted = {"path": str(hooks), "owner": ME, "group": MY_GROUP, "mode": "0755"}
+    assert MODULE.sync([wanted, wanted], [], check_mode=False) == [str(hooks)]
+    assert hooks.is_dir() and stat.S_IMODE(os.stat(hooks).st_mode) == 0o755
+
+
 def test_check_mode_names_what_would_change_and_writes_nothing(tmp_path):
     tls = tmp_path / "tls"
     directories = [{"path": str(tls), "owner": ME, "group": MY_GROUP, "mode": "0750"}]
@@ -140,3 +147,30 @@ def test_the_tls_set_of_a_service():
 def test_the_tls_set_refuses_what_would_write_elsewhere(tls_dir, group, credentials, message):
     with pytest.raises(hpcobs_service.AnsibleFilterError, match=message):
         hpcobs_service.tls_files(tls_dir, group, "/pki/ca.crt", "/c", "/k", True, credentials, "/pki")
+
+
+def test_a_tree_of_role_files_keeps_its_layout_under_the_destination():
+    got = hpcobs_service.tree(["pkg/__init__.py", "pkg/data/x.txt", "pkg/data/y.txt"], "/usr/local/lib/sim/")
+    assert [d["path"] for d in got["directories"]] == ["/usr/local/lib/sim", "/usr/local/lib/sim/pkg",
+                                                      "/usr/local/lib/sim/pkg/data"]
+    assert [(f["src"], f["dest"], f["mode"]) for f in got["files"]] == [
+        ("pkg/__init__.py", "/usr/local/lib/sim/pkg/__init__.py", "0644"),
+        ("pkg/data/x.txt", "/usr/local/lib/sim/pkg/data/x.txt", "0644"),
+        ("pkg/data/y.txt", "/usr/local/lib/sim/pkg/data/y.txt", "0644")]
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "pkg/../../etc/passwd", "pkg//x", "./x"])
+def test_a_tree_refuses_a_path_that_leaves_its_root(path):
+    with pytest.raises(hpcobs_service.AnsibleFilterError, match="not a plain relative path"):
+        hpcobs_service.tree([path], "/usr/local/lib/sim")
+
+
+def test_the_simulator_installs_every_file_of_its_package():
+    import yaml
+    files_dir = os.path.join(ROOT, "roles", "lab_gpu_simulator", "files")
+    present = sorted(os.path.relpath(os.path.join(directory, name), files_dir)
+                     for directory, _, names in os.walk(os.path.join(files_dir, "hpcobs_gpusim"))
+                     if "__pycache__" not in directory for name in names if not name.endswith(".pyc"))
+    listed = yaml.safe_load(open(os.path.join(ROOT, "roles", "lab_gpu_simulator", "vars", "main.yml")))
+    assert sorted(listed["_lab_gpu_simulator_package_files"]) == present, \
+        "roles/lab_gpu_simulator/vars/main.yml _lab_gpu_simulator_package_files must list the package's files"

@@ -648,6 +648,28 @@ def tls_files(tls_dir, group, ca, cert="", key="", server=True, credentials=(), 
              "group": str(group), "mode": mode} for name, src, mode in entries]
 
 
+def tree(paths, dest_root, mode="0644", dir_mode="0755", owner="root", group="root"):
+    """The hpcobs_files entries that install files of a role's files/ (paths relative to it, e.g.
+    "pkg/data/x.txt") under dest_root, keeping their layout: {"directories": dest_root and every parent under it,
+    "files": [{src, dest, ...}]}. A path that is absolute or climbs out ("..") is refused."""
+    root = str(dest_root).rstrip("/")
+    if not root.startswith("/"):
+        raise AnsibleFilterError("the destination %r is not an absolute path" % (dest_root,))
+    directories, files = [root], []
+    for path in paths:
+        parts = str(path).split("/")
+        if str(path).startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise AnsibleFilterError("%r is not a plain relative path under the role's files/" % (path,))
+        for depth in range(1, len(parts)):
+            directory = "/".join([root] + parts[:depth])
+            if directory not in directories:
+                directories.append(directory)
+        files.append({"src": str(path), "dest": "/".join([root] + parts), "owner": owner, "group": group,
+                      "mode": mode})
+    return {"directories": [{"path": d, "owner": owner, "group": group, "mode": dir_mode} for d in directories],
+            "files": files}
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -674,6 +696,7 @@ class FilterModule:
             "hpcobs_deployed_components": deployed_components,
             "hpcobs_front_config": front_config,
             "hpcobs_tls_files": tls_files,
+            "hpcobs_tree": tree,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
             "hpcobs_peer_names": peer_names,

@@ -20,7 +20,7 @@ options:
     type: list
     elements: dict
     default: []
-    description: "C({path, owner, group, mode}): made when missing, never emptied."
+    description: "C({path, owner, group, mode}): made when missing (missing parents too, 0755), never emptied."
   files:
     type: list
     elements: dict
@@ -93,6 +93,9 @@ def sync_directory(entry, check_mode):
         return False
     if not check_mode:
         if info is None:
+            # Missing parents as `file: state=directory` makes them (root's 0755); the directory itself is made
+            # private and then given its owner and mode.
+            os.makedirs(os.path.dirname(path.rstrip("/")) or "/", 0o755, exist_ok=True)
             os.mkdir(path, 0o700)
         os.chown(path, uid, gid, follow_symlinks=False)
         os.chmod(path, mode)
