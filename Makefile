@@ -97,7 +97,8 @@ bench-deploy-smoke: setup
 	@scripts/test.sh prepare
 	@python3 bench/deploy.py --smoke
 
-# Series per exporter of one deployed 8-GPU node against the budget of 1 500 (docs/performance.md).
+# Series per exporter of one deployed 8-GPU node, served and stored by the real victoria-metrics after the shipped
+# scrape-time drops, measured and projected to a reference node, against the budget of 1 500 (docs/performance.md).
 bench-cardinality: setup
 	@scripts/test.sh prepare
 	@python3 bench/cardinality.py

@@ -180,6 +180,17 @@ def test_scrape_config_passes_victoria_metrics_dry_run(rendered):
     assert result.returncode == 0, result.stderr
 
 
+def test_gpu_node_jobs_drop_at_scrape_time_what_nothing_reads(rendered):
+    """The node, ipmi and smartctl jobs carry the role's metric_relabel_configs (the real binary's dry run above
+    accepts them); the dcgm job keeps every field of its counters CSV."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["victoriametrics_scrape_jobs"]
+    scrape = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
+    for job in ("node", "smartctl"):
+        assert scrape[job]["metric_relabel_configs"] == defaults[job]["config"]["metric_relabel_configs"], job
+        assert all(rule["action"] == "drop" for rule in scrape[job]["metric_relabel_configs"])
+    assert "metric_relabel_configs" not in scrape["dcgm"]
+
+
 def test_argument_specs_match_the_defaults():
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     options = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]

@@ -45,8 +45,14 @@ def test_serves_node_metrics(host):
     assert re.search(r"^node_uname_info\{.*\} 1$", body, re.M)
     assert re.search(r"^node_load1 [0-9.e+-]+$", body, re.M)
     assert "node_exporter_build_info{" in body
-    # the systemd collector is enabled by the role's defaults
+    # the systemd collector is enabled by the role's defaults, for the listed units only
     assert 'node_systemd_unit_state{name="node_exporter.service"' in body
+    units = set(re.findall(r'^node_systemd_unit_state\{name="([^"]+)"', body, re.M))
+    assert "systemd-journald.service" not in units and all(not u.endswith(".socket") for u in units), units
+    # the cardinality defaults: no per-CPU collector nothing reads, no exporter self-metrics
+    for family in ("node_cpu_guest_seconds_total", "node_softnet_", "node_schedstat_", "node_cpu_scaling_",
+                   "go_goroutines", "process_start_time_seconds", "promhttp_"):
+        assert not re.search(r"^%s" % family, body, re.M), family
 
 
 def test_textfile_dir_permissions(host):
