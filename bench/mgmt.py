@@ -54,6 +54,7 @@ sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests"), str(REPO / "tests" / "
                 str(REPO / "roles" / "lab_gpu_simulator" / "files")]
 
 import deploy as bench_deploy  # noqa: E402  (proc_stat, rss_bytes, cpu_seconds)
+import plot as deploy_plot  # noqa: E402  (spread)
 from cardinality import load  # noqa: E402
 
 OUT = REPO / ".cache" / "bench" / "mgmt"
@@ -782,7 +783,7 @@ class Sampler(threading.Thread):
         self.halt = threading.Event()
 
     def sample(self) -> dict:
-        row = {"t": time.time()}
+        row = {"t": time.time(), "load1": os.getloadavg()[0]}
         for name, pid in self.pids.items():
             row[name] = {"rss": bench_deploy.rss_bytes(pid), "cpu": bench_deploy.cpu_seconds(pid)}
         return row
@@ -804,6 +805,7 @@ def usage(samples: list[dict], names) -> dict:
         out[name] = {"cores": round((last[name]["cpu"] - first[name]["cpu"]) / wall, 3) if wall > 0 else 0.0,
                      "rss_mib": round(last[name]["rss"] / 2 ** 20, 1),
                      "peak_rss_mib": round(max(s[name]["rss"] for s in samples) / 2 ** 20, 1)}
+    out["load1_median"] = round(statistics.median(s.get("load1", 0.0) for s in samples), 2)
     out["together"] = {"cores": round(sum(out[n]["cores"] for n in names), 3),
                        "rss_mib": round(sum(out[n]["rss_mib"] for n in names), 1),
                        "peak_rss_mib": round(max(sum(s[n]["rss"] for n in names) for s in samples) / 2 ** 20, 1)}
@@ -997,25 +999,28 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
              "--seed", str(args.seed + run), "--ref", "%f" % ref, "--seconds", str(total_s), "--ready", str(ready)],
             stdout=gen_log, stderr=subprocess.STDOUT, start_new_session=True)
         vm_url = "http://%s:%d" % (MGMT, PORTS["victoriametrics"])
+        # One VictoriaMetrics for the whole run (a restart after the import would start the live phase with cold
+        # caches): it starts with an empty scrape configuration and gets the rendered one after the backfill.
+        scrape_yml = work / "scrape.yml"
+        scrape_yml.write_text("scrape_configs: []\n")
         vm_args = [str(bins["victoria-metrics"]), "-storageDataPath=%s" % (work / "vm-data"),
                    "-httpListenAddr=%s:%d" % (MGMT, PORTS["victoriametrics"]), "-retentionPeriod=400d",
-                   "-storage.minFreeDiskSpaceBytes=10GiB"]
+                   "-storage.minFreeDiskSpaceBytes=10GiB", "-promscrape.config=%s" % scrape_yml,
+                   "-promscrape.fileSDCheckInterval=30s"]
         processes["victoriametrics"] = start("victoriametrics", vm_args, work, vm_url + "/health")
         say("run %d: %d targets; backfilling %d s of history at a %d s step ..."
             % (run, len(targets), args.history, args.backfill_step))
         gen = Generator(targets, args.seed + run, ref)
         record["backfill"] = backfill(vm_url, targets, gen, ref - args.history, ref, args.backfill_step)
         say("run %d: backfill %s" % (run, record["backfill"]))
-        stop(processes.pop("victoriametrics"))
         deadline = time.monotonic() + 300
         while not ready.exists():
             if processes["generator"].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the generator did not start: %s" % (work / "generator.log").read_text()[-2000:])
             time.sleep(0.5)
-        processes["victoriametrics"] = start("victoriametrics", vm_args + [
-            "-promscrape.config=%s" % (etc / "scrape.yml"), "-promscrape.fileSDCheckInterval=30s"],
-            work, vm_url + "/health")
         record["storage_after_backfill"] = storage_figures(get(vm_url + "/metrics").decode())
+        shutil.copyfile(etc / "scrape.yml", scrape_yml)
+        processes["victoriametrics"].send_signal(signal.SIGHUP)  # re-reads -promscrape.config
         am_url = "http://%s:%d" % (MGMT, PORTS["alertmanager"])
         (work / "alertmanager.yml").write_text("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
         processes["alertmanager"] = start("alertmanager", with_share(bins["share"], [
@@ -1050,6 +1055,10 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
             (record["storage"]["data_bytes"] - before["data_bytes"]) / added_rows, 3) if added_rows > 0 else None
         record["rule_groups"] = vmalert_groups(get(vmalert_url + "/metrics").decode())
         record["scrape"] = scrape_p99(vm_url, live_start, live_end)
+        record["scrape_health"] = {name.replace("vm_promscrape_", ""): int(sum(v for _l, v in metric_samples(
+            vm_metrics, name))) for name in ("vm_promscrape_scrapes_total", "vm_promscrape_scrapes_timed_out_total",
+                                             "vm_promscrape_conn_read_errors_total", "vm_slow_row_inserts_total",
+                                             "vm_rows_inserted_total")}
         record["series_per_job"] = series_per_job(vm_url)
         say("run %d: usage %s" % (run, record["usage"]["together"]))
         if args.repeat:
@@ -1104,6 +1113,180 @@ def prometheus_phase(args, work: Path, etc: Path, rules: Path, prom: dict, proce
             "rules": accepted, "head_series": int(head), "rule_evaluation_failures": int(failures)}
 
 
+# ------------------------------------------------------------------------------------------------- report
+PANEL_GOAL_MS = 300
+GOALS = {"rss_mib": 1024, "cores": 0.5, "bytes_per_sample": 1.0, "group_s": 1.0}
+
+
+def _by_nodes(results: list[dict]) -> dict[int, list[dict]]:
+    grouped: dict[int, list[dict]] = {}
+    for record in results:
+        if record.get("ok"):
+            grouped.setdefault(record["nodes"], []).append(record)
+    return dict(sorted(grouped.items()))
+
+
+def report_tables(results: list[dict]) -> str:
+    """Markdown tables: resources per N (min / median / max over the runs), rule groups and panels at the largest
+    N, the panels over the goal, Prometheus beside the stack."""
+    spread = deploy_plot.spread
+    grouped = _by_nodes(results)
+    rows = ["| nodes | runs | RSS together MiB (VM / vmalert / AM) | CPU cores together (VM / vmalert / AM) |"
+            " bytes/sample (all / live) | active series | scrape p99 ms (node / dcgm) | backfill |",
+            "|---|---|---|---|---|---|---|---|"]
+    for nodes, records in grouped.items():
+        def u(name, key):
+            return spread([r["usage"][name][key] for r in records])
+        rows.append("| %d | %d | %s (%s / %s / %s) | %s (%s / %s / %s) | %s / %s | %s | %s / %s | %s |" % (
+            nodes, len(records), u("together", "peak_rss_mib"), u("victoriametrics", "peak_rss_mib"),
+            u("vmalert", "peak_rss_mib"), u("alertmanager", "peak_rss_mib"), u("together", "cores"),
+            u("victoriametrics", "cores"), u("vmalert", "cores"), u("alertmanager", "cores"),
+            spread([r["storage"]["bytes_per_sample"] for r in records]),
+            spread([r["storage"]["live_bytes_per_sample"] or 0 for r in records]),
+            spread([r["storage"]["active_series"] for r in records]),
+            spread([r["scrape"].get("node", {}).get("p99_ms", 0) for r in records]),
+            spread([r["scrape"].get("dcgm", {}).get("p99_ms", 0) for r in records]),
+            "%d s step, %d points, %s s" % (records[0]["backfill"]["step_s"], records[0]["backfill"]["points_per_series"],
+                                            spread([r["backfill"]["seconds"] for r in records]))))
+    out = ["\n".join(rows)]
+    if not grouped:
+        return out[0]
+    nodes, records = list(grouped.items())[-1]
+    groups = sorted({g for r in records for g in r["rule_groups"]})
+    rows = ["| rule group (%d nodes) | vmalert mean s | vmalert p99 s | Prometheus max s |" % nodes, "|---|---|---|---|"]
+    for group in groups:
+        prom = [r["prometheus"]["rule_groups_max_s"][group] for r in records
+                if group in (r.get("prometheus") or {}).get("rule_groups_max_s", {})]
+        rows.append("| %s | %s | %s | %s |" % (
+            group, spread([r["rule_groups"][group]["mean_s"] or 0 for r in records if group in r["rule_groups"]]),
+            spread([r["rule_groups"][group]["p99_s"] or 0 for r in records if group in r["rule_groups"]]),
+            spread(prom) if prom else "not run (refused)" if any(r.get("prometheus") for r in records) else "-"))
+    out.append("\n".join(rows))
+    proms = [r["prometheus"] for r in records if r.get("prometheus")]
+    if proms:
+        out.append("| %d nodes | RSS MiB (peak) | CPU cores | rule groups run |\n|---|---|---|---|\n"
+                   "| VictoriaMetrics + vmalert + Alertmanager | %s | %s | %d of %d |\n"
+                   "| Prometheus %s (+ the same Alertmanager, not counted) | %s | %s | %d of %d |" % (
+                       nodes, spread([r["usage"]["together"]["peak_rss_mib"] for r in records]),
+                       spread([r["usage"]["together"]["cores"] for r in records]), len(groups), len(groups),
+                       proms[0]["version"], spread([p["usage"]["peak_rss_mib"] for p in proms]),
+                       spread([p["usage"]["cores"] for p in proms]), len(proms[0]["rules"]["kept"]), len(groups)))
+    panels = panel_figures(records)
+    slow = [p for p in panels if p["p95_ms"] is not None and p["p95_ms"] > PANEL_GOAL_MS]
+    rows = ["| panel (%d nodes, 24 h) | p50 ms | p95 ms | series |" % nodes, "|---|---|---|---|"]
+    for panel in sorted(slow, key=lambda p: -p["p95_ms"]):
+        rows.append("| %s / %s (%s) | %.0f | %.0f | %d |" % (panel["dashboard"], panel["panel"], panel["ref"],
+                                                            panel["p50_ms"], panel["p95_ms"], panel["series"]))
+    out.append("%d panel queries, %d over %d ms at p95%s" % (len(panels), len(slow), PANEL_GOAL_MS,
+                                                             ":\n\n" + "\n".join(rows) if slow else "."))
+    return "\n\n".join(out)
+
+
+def panel_figures(records: list[dict]) -> list[dict]:
+    """Per panel query: p50 and p95 over the repetitions of every run together."""
+    merged: dict[tuple, dict] = {}
+    for record in records:
+        for panel in record.get("panels") or []:
+            key = (panel["dashboard"], panel["panel"], panel["ref"])
+            entry = merged.setdefault(key, {"dashboard": key[0], "panel": key[1], "ref": key[2], "runs_ms": [],
+                                            "series": panel["series"], "error": panel["error"]})
+            entry["runs_ms"].extend(panel.get("runs_ms") or [p for p in (panel["p50_ms"], panel["p95_ms"]) if p])
+    for entry in merged.values():
+        runs = entry["runs_ms"]
+        entry["p50_ms"] = round(statistics.median(runs), 1) if runs else None
+        entry["p95_ms"] = round(percentile(runs, 95), 1) if runs else None
+    return list(merged.values())
+
+
+def plots(results: list[dict], out: Path) -> list[Path]:
+    """mgmt-resources.png (RSS and CPU against N), mgmt-rule-groups.png, mgmt-panels.png (the largest N)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    grouped = _by_nodes(results)
+    if not grouped:
+        return []
+    written = []
+    names = ["victoriametrics", "vmalert", "alertmanager", "together"]
+    xs = list(grouped)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for name in names:
+        left.plot(xs, [statistics.median(r["usage"][name]["peak_rss_mib"] for r in grouped[n]) for n in xs], "-o",
+                  label=name)
+        right.plot(xs, [statistics.median(r["usage"][name]["cores"] for r in grouped[n]) for n in xs], "-o",
+                   label=name)
+    proms = {n: [r["prometheus"] for r in grouped[n] if r.get("prometheus")] for n in xs}
+    px = [n for n in xs if proms[n]]
+    if px:
+        left.plot(px, [statistics.median(p["usage"]["peak_rss_mib"] for p in proms[n]) for n in px], "--s",
+                  label="Prometheus (comparison)")
+        right.plot(px, [statistics.median(p["usage"]["cores"] for p in proms[n]) for n in px], "--s",
+                   label="Prometheus (comparison)")
+    left.axhline(GOALS["rss_mib"], color="grey", linestyle=":", label="goal (together)")
+    right.axhline(GOALS["cores"], color="grey", linestyle=":", label="goal (together)")
+    for ax, label in ((left, "peak RSS (MiB)"), (right, "CPU (cores, live phase)")):
+        ax.set_xticks(xs)
+        ax.set_xlabel("GPU nodes (8 GPUs each)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    fig.suptitle("Management host: resources against the fleet size (median of the runs)")
+    fig.tight_layout()
+    written.append(out / "mgmt-resources.png")
+    fig.savefig(written[-1])
+    plt.close(fig)
+
+    nodes, records = list(grouped.items())[-1]
+    groups = sorted({g for r in records for g in r["rule_groups"]})
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(groups) + 1.5), dpi=110)
+    ys = range(len(groups))
+    vm = [max(r["rule_groups"][g]["p99_s"] or 0 for r in records if g in r["rule_groups"]) for g in groups]
+    ax.barh([y + 0.2 for y in ys], vm, height=0.4, label="vmalert (p99)")
+    prom = [max([r["prometheus"]["rule_groups_max_s"].get(g, 0) for r in records if r.get("prometheus")] or [0])
+            for g in groups]
+    if any(prom):
+        ax.barh([y - 0.2 for y in ys], prom, height=0.4, label="Prometheus (max)")
+    ax.axvline(GOALS["group_s"], color="grey", linestyle=":", label="goal")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(groups, fontsize=8)
+    ax.set_xlabel("evaluation time of one iteration (s)")
+    ax.set_title("Rule groups at %d nodes" % nodes)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out / "mgmt-rule-groups.png")
+    fig.savefig(written[-1])
+    plt.close(fig)
+
+    panels = sorted((p for p in panel_figures(records) if p["p95_ms"] is not None), key=lambda p: p["p95_ms"])
+    fig, ax = plt.subplots(figsize=(9, 0.16 * len(panels) + 1.5), dpi=110)
+    ax.barh(range(len(panels)), [p["p95_ms"] for p in panels],
+            color=["tab:red" if p["p95_ms"] > PANEL_GOAL_MS else "tab:blue" for p in panels])
+    ax.set_yticks(range(len(panels)))
+    ax.set_yticklabels(["%s / %s (%s)" % (p["dashboard"].replace("hpcobs-", ""), p["panel"][:38], p["ref"])
+                        for p in panels], fontsize=5.5)
+    ax.axvline(PANEL_GOAL_MS, color="grey", linestyle=":", label="goal (300 ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("p95 of the panel query over 24 h (ms, log scale)")
+    ax.set_title("Dashboard panels at %d nodes" % nodes)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out / "mgmt-panels.png")
+    fig.savefig(written[-1])
+    plt.close(fig)
+    return written
+
+
+def report_main(args) -> int:
+    results = json.loads(Path(args.results).read_text())
+    print(report_tables(results))
+    for path in plots(results, Path(args.plots)):
+        print("wrote %s" % path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1114,6 +1297,9 @@ def main(argv=None) -> int:
     serve.add_argument("--ref", type=float, required=True)
     serve.add_argument("--seconds", type=float, default=600)
     serve.add_argument("--ready")
+    report = sub.add_parser("report", help="Markdown tables of the results and the plots")
+    report.add_argument("--results", default=str(OUT / "results.json"))
+    report.add_argument("--plots", default=str(REPO / "docs" / "performance"))
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--history", type=int, default=86400, help="seconds of history backfilled")
@@ -1132,6 +1318,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve_main(args)
+    if args.command == "report":
+        return report_main(args)
     if args.smoke:
         args.nodes, args.runs, args.history, args.backfill_step = [20], 1, 3600, 60
         args.warmup, args.live, args.repeat, args.prometheus_warmup, args.prometheus_live = 15, 30, 1, 10, 20
