@@ -484,7 +484,7 @@ class Generator:
         self.nodes = sorted({node for _job, _host, _port, node in targets})
         self.static = {}
         self.sims = {}
-        for index, node in enumerate(self.nodes):
+        for node in self.nodes:
             self.static[node] = {"node": node_exporter_series(node), "ipmi": ipmi_series(node),
                                  "smartctl": smartctl_series(node)}
         self.lock = threading.Lock()
@@ -542,7 +542,7 @@ async def _serve(targets, generator: Generator, seconds: float, ready: Path | No
 def serve_main(args) -> int:
     import resource
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     targets = served_targets(Path(args.file_sd))
     generator = Generator(targets, args.seed, args.ref)
@@ -832,7 +832,7 @@ def parse_metrics_page(text: str):
 
 def storage_figures(text: str) -> dict:
     """Bytes on disk and rows (samples) stored, from VictoriaMetrics' /metrics."""
-    size = sum(v for labels, v in metric_samples(text, "vm_data_size_bytes"))
+    size = sum(v for _labels, v in metric_samples(text, "vm_data_size_bytes"))
     rows = sum(v for labels, v in metric_samples(text, "vm_rows") if labels.get("type", "").startswith("storage/"))
     series = sum(v for labels, v in metric_samples(text, "vm_cache_entries")
                  if labels.get("type") == "storage/hour_metric_ids")
@@ -873,10 +873,14 @@ def prometheus_groups(text: str) -> dict[str, float]:
     return out
 
 
+_GPUSIM_SCRAPE = []
+
+
 def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (as bench/gpusim_scrape.py)."""
-    gpusim = load("bench_gpusim_scrape", REPO / "bench" / "gpusim_scrape.py")
-    return gpusim.percentile(values, pct)
+    """Nearest-rank percentile (bench/gpusim_scrape.py's)."""
+    if not _GPUSIM_SCRAPE:
+        _GPUSIM_SCRAPE.append(load("bench_gpusim_scrape", REPO / "bench" / "gpusim_scrape.py"))
+    return _GPUSIM_SCRAPE[0].percentile(values, pct)
 
 
 def scrape_p99(vm_url: str, start: float, end: float) -> dict[str, dict]:
@@ -1186,9 +1190,9 @@ def panel_figures(records: list[dict]) -> list[dict]:
     """Per panel query: p50 and p95 over the repetitions of every run together."""
     merged: dict[tuple, dict] = {}
     for record in records:
-        for panel in record.get("panels") or []:
-            key = (panel["dashboard"], panel["panel"], panel["ref"])
-            entry = merged.setdefault(key, {"dashboard": key[0], "panel": key[1], "ref": key[2], "runs_ms": [],
+        for position, panel in enumerate(record.get("panels") or []):  # the same order in every run
+            key = (position, panel["dashboard"], panel["panel"], panel["ref"])
+            entry = merged.setdefault(key, {"dashboard": key[1], "panel": key[2], "ref": key[3], "runs_ms": [],
                                             "series": panel["series"], "error": panel["error"]})
             entry["runs_ms"].extend(panel.get("runs_ms") or [p for p in (panel["p50_ms"], panel["p95_ms"]) if p])
     for entry in merged.values():
@@ -1263,14 +1267,15 @@ def plots(results: list[dict], out: Path) -> list[Path]:
     panels = sorted((p for p in panel_figures(records) if p["p95_ms"] is not None), key=lambda p: p["p95_ms"])
     fig, ax = plt.subplots(figsize=(9, 0.16 * len(panels) + 1.5), dpi=110)
     ax.barh(range(len(panels)), [p["p95_ms"] for p in panels],
-            color=["tab:red" if p["p95_ms"] > PANEL_GOAL_MS else "tab:blue" for p in panels])
+            color=["lightgrey" if not p["series"] else "tab:red" if p["p95_ms"] > PANEL_GOAL_MS else "tab:blue"
+                   for p in panels])
     ax.set_yticks(range(len(panels)))
     ax.set_yticklabels(["%s / %s (%s)" % (p["dashboard"].replace("hpcobs-", ""), p["panel"][:38], p["ref"])
                         for p in panels], fontsize=5.5)
     ax.axvline(PANEL_GOAL_MS, color="grey", linestyle=":", label="goal (300 ms)")
     ax.set_xscale("log")
     ax.set_xlabel("p95 of the panel query over 24 h (ms, log scale)")
-    ax.set_title("Dashboard panels at %d nodes" % nodes)
+    ax.set_title("Dashboard panels at %d nodes (grey: no data in this benchmark)" % nodes)
     ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(out / "mgmt-panels.png")
@@ -1303,12 +1308,12 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--history", type=int, default=86400, help="seconds of history backfilled")
-    parser.add_argument("--backfill-step", type=int, default=600, help="seconds between backfilled samples")
-    parser.add_argument("--warmup", type=int, default=120)
-    parser.add_argument("--live", type=int, default=600)
+    parser.add_argument("--backfill-step", type=int, default=3600, help="seconds between backfilled samples")
+    parser.add_argument("--warmup", type=int, default=90)
+    parser.add_argument("--live", type=int, default=420, help="seconds measured")
     parser.add_argument("--repeat", type=int, default=3, help="runs of every panel query (0: none)")
-    parser.add_argument("--prometheus-warmup", type=int, default=90)
-    parser.add_argument("--prometheus-live", type=int, default=300)
+    parser.add_argument("--prometheus-warmup", type=int, default=60)
+    parser.add_argument("--prometheus-live", type=int, default=240)
     parser.add_argument("--no-prometheus", action="store_true")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="20 nodes, 1 h of history, ~1 min live")
