@@ -16,11 +16,12 @@ FAULT ?= ecc-dbe
 CODE ?=
 
 .PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-report lab-status \
-        test lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality
+        test lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality \
+        bench-mgmt bench-mgmt-smoke
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality bench-mgmt bench-mgmt-smoke"
 
 setup:
 	@scripts/setup.sh
@@ -102,3 +103,16 @@ bench-deploy-smoke: setup
 bench-cardinality: setup
 	@scripts/test.sh prepare
 	@python3 bench/cardinality.py
+
+# The management host at NODES simulated 8-GPU nodes (make bench-mgmt NODES=1000 RUNS=3): 24 h of history, live
+# scraping with the shipped scrape configuration and rules, every dashboard panel over 24 h, Prometheus from Debian as
+# the comparison; figures in .cache/bench/mgmt, plots in docs/performance (docs/performance.md).
+NODES ?= 1000
+bench-mgmt: setup
+	@scripts/test.sh prepare
+	@python3 bench/mgmt.py --nodes $(NODES) --runs $(RUNS)
+	@python3 bench/mgmt.py report
+
+bench-mgmt-smoke: setup
+	@scripts/test.sh prepare
+	@python3 bench/mgmt.py --smoke

@@ -9,14 +9,12 @@ Tools: HPCOBS_TOOLS_BIN (a directory) if set, else <repo>/.cache/tools/bin, else
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from tooling import tool
+from tooling import render_scrape_config, tool
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "victoriametrics"
@@ -50,41 +48,9 @@ OVERRIDES = {
 
 
 def render(tmp_path_factory, extra=None):
-    work = tmp_path_factory.mktemp("victoriametrics")
-    out = work / "etc"
-    (work / "inventory.yml").write_text(yaml.safe_dump(INVENTORY))
-    playbook = [{
-        "name": "Render the victoriametrics scrape configuration",
-        "hosts": "mgmt01.cluster.example",
-        "connection": "local",
-        "gather_facts": False,
-        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
-        "tasks": [
-            {"name": "Directory", "ansible.builtin.file": {"path": str(out / "file_sd"), "state": "directory",
-                                                           "mode": "0755"}},
-            {"name": "Target files", "ansible.builtin.template": {
-                "src": str(ROLE / "templates" / "file_sd.json.j2"),
-                "dest": str(out / "file_sd") + "/{{ item.key }}.json", "mode": "0644"},
-             "loop": "{{ _victoriametrics_jobs }}"},
-            {"name": "Scrape configuration", "ansible.builtin.template": {
-                "src": str(ROLE / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
-            {"name": "Credentials the role installs", "ansible.builtin.copy": {
-                "content": "{{ (['victoriametrics-client', 'victoriametrics-admin'] + _victoriametrics_scraped_credentials)"
-                           " | to_json }}", "dest": str(out / "credentials.json"), "mode": "0644"}},
-        ],
-    }]
-    (work / "render.yml").write_text(yaml.safe_dump(playbook))
-    beside = Path(sys.executable).parent / "ansible-playbook"
-    command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
-               str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out),
-                                                           "victoriametrics_scrape_jobs_overrides": OVERRIDES,
-                                                           "hpcobs_components_disabled": ["promtail"],
-                                                           **(extra or {})})]
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
+    return render_scrape_config(tmp_path_factory.mktemp("victoriametrics"), INVENTORY,
+                                {"victoriametrics_scrape_jobs_overrides": OVERRIDES,
+                                 "hpcobs_components_disabled": ["promtail"], **(extra or {})})
 
 
 @pytest.fixture(scope="module")

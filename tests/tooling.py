@@ -1,10 +1,12 @@
 """Where the unit tests find the real binaries they run (vmalert, victoria-metrics, amtool, ...), and a real
 victoria-metrics loaded with series for the tests that query one."""
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -93,3 +95,46 @@ def victoriametrics(data_dir, lines, extra_args=(), timeout=60):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def render_scrape_config(work: Path, inventory: dict, extra_vars: dict) -> Path:
+    """The victoriametrics role's scrape.yml and file_sd/<job>.json for `inventory`, rendered on localhost by the
+    role's own templates with its defaults and internal variables (its first management host renders them);
+    `extra_vars` (-e) on top. Returns the directory holding them (credentials.json: the credentials the role would
+    install)."""
+    import yaml
+
+    role = REPO / "roles" / "victoriametrics"
+    out = work / "etc"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    management = sorted(inventory["all"]["children"]["management"]["hosts"])[0]
+    playbook = [{
+        "name": "Render the victoriametrics scrape configuration",
+        "hosts": management,
+        "connection": "local",
+        "gather_facts": False,
+        "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+        "vars": {"ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+        "tasks": [
+            {"name": "Directory", "ansible.builtin.file": {"path": str(out / "file_sd"), "state": "directory",
+                                                           "mode": "0755"}},
+            {"name": "Target files", "ansible.builtin.template": {
+                "src": str(role / "templates" / "file_sd.json.j2"),
+                "dest": str(out / "file_sd") + "/{{ item.key }}.json", "mode": "0644"},
+             "loop": "{{ _victoriametrics_jobs }}"},
+            {"name": "Scrape configuration", "ansible.builtin.template": {
+                "src": str(role / "templates" / "scrape.yml.j2"), "dest": str(out / "scrape.yml"), "mode": "0644"}},
+            {"name": "Credentials the role installs", "ansible.builtin.copy": {
+                "content": "{{ (['victoriametrics-client', 'victoriametrics-admin'] + _victoriametrics_scraped_credentials)"
+                           " | to_json }}", "dest": str(out / "credentials.json"), "mode": "0644"}},
+        ],
+    }]
+    (work / "render.yml").write_text(yaml.safe_dump(playbook))
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    command = [str(beside) if beside.exists() else "ansible-playbook", "-i", str(work / "inventory.yml"),
+               str(work / "render.yml"), "-e", json.dumps({"victoriametrics_config_dir": str(out), **extra_vars})]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
