@@ -214,7 +214,7 @@ def test_the_security_switch_makes_the_scheme_https_for_components_that_serve_tl
     secured = {"m1": {"hpcobs_security": True}, "m2": {"hpcobs_security": "false"}, "m3": {}}
     assert [name for name, entry in COMPONENTS.items() if entry.get("tls")] == [
         "node_exporter", "dcgm_exporter", "ipmi_exporter", "smartctl_exporter", "promtail", "alloy", "slurm_metrics",
-        "victoriametrics", "victoriametrics_reader", "vmalert", "alertmanager", "loki", "grafana"]
+        "victoriametrics", "victoriametrics_reader", "vmagent", "vmalert", "alertmanager", "loki", "grafana"]
     assert service.component_url("node_exporter", secured, "m1", "/metrics") == "https://m1:9100/metrics"
     assert service.component_url("node_exporter", secured, "m2", "/metrics") == "http://m2:9100/metrics"
     assert service.component_url("smartctl_exporter", secured, "m1", "/metrics") == "https://m1:9633/metrics"

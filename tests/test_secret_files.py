@@ -33,6 +33,8 @@ SECRET_FILES = {
     ("victoriametrics", "Write the scrape configuration (checked by victoria-metrics -promscrape.config.dryRun first)"):
         "basic-auth passwords and bearer tokens of scrape jobs",
     ("victoriametrics", "Install the Slurm token for slurmctld's metrics"): "the Slurm JWT of the MetricsAuthUsers user",
+    ("victoriametrics", "Install the remote-write secrets"):
+        "the password or bearer token of each victoriametrics_remote_write URL",
     ("service", "Install the TLS files of {{ service_name }}"):
         "the host's TLS private key and the site PKI's generated credentials (tasks_from: tls)",
     ("service", "Write the web configuration of {{ service_name }}"):

@@ -21,6 +21,7 @@ BEFORE = {"node_exporter": 3.5, "ipmi_exporter": 3.2, "smartctl_exporter": 3.2, 
 BEFORE["ipmi_exporter-front"] = BEFORE["ipmi_exporter"]
 BEFORE["loki-front"] = BEFORE["loki"]
 BEFORE["victoriametrics-reader"] = BEFORE["victoriametrics"]
+BEFORE["vmagent"] = BEFORE["victoriametrics"]
 BEFORE["hpcobs-slurm-metrics-front"] = BEFORE["slurm_metrics"]
 
 
@@ -63,6 +64,8 @@ def test_the_converted_roles_are_found():
 # secured unit must name (a file, never a secret).
 SECURED = {
     ("victoriametrics", "victoriametrics"): "file:///etc/victoriametrics/tls/",
+    # with victoriametrics_remote_write: vmagent's own endpoints and its write to the local VictoriaMetrics
+    ("victoriametrics", "vmagent"): "-httpAuth.password=file:///etc/victoriametrics/tls/vmagent-client",
     ("vmalert", "vmalert"): "-httpAuth.password=file:///etc/vmalert/tls/vmalert-client",
     ("node_exporter", "node_exporter"): "--web.config.file=/etc/node_exporter/web.yml",
     ("smartctl_exporter", "smartctl_exporter"): "--web.config.file=/etc/smartctl_exporter/web.yml",
@@ -107,7 +110,9 @@ def render(out, units, extra):
         })
     playbook = out / "render.yml"
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    env = {"ANSIBLE_FILTER_PLUGINS": str(REPO / "playbooks" / "filter_plugins"), "PATH": str(Path(sys.executable).parent)
+    # the project's filters and the roles' own (a role's are on the path when the role runs)
+    filters = [REPO / "playbooks" / "filter_plugins"] + sorted((REPO / "roles").glob("*/filter_plugins"))
+    env = {"ANSIBLE_FILTER_PLUGINS": ":".join(str(path) for path in filters), "PATH": str(Path(sys.executable).parent)
            + ":/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(out)}
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(playbook)],
                           capture_output=True, text=True, timeout=300, check=False, cwd=str(REPO), env=env)

@@ -34,6 +34,21 @@ VMALERT = "https://127.0.0.1:8880"
 VMALERT_TLS = "/etc/vmalert/tls"
 VMALERT_AUTH = {"ca": VMALERT_TLS + "/ca.crt", "user": "hpcobs", "password_file": VMALERT_TLS + "/vmalert-client"}
 
+# vmagent on the host that remote-writes (molecule.yml host_vars victoriametrics_remote_write): it scrapes there
+# instead of VictoriaMetrics; its own endpoints are HTTPS with basic auth (its credential vmagent-client, which it
+# holds to check it). The remote-write target ("the site's cluster") on the helper host: plain HTTP, user cluster.
+REMOTE_WRITER = "management-debian13"
+VMAGENT = "https://127.0.0.1:8429"
+VMAGENT_AUTH = {"ca": VM_TLS + "/ca.crt", "user": "hpcobs", "password_file": VM_TLS + "/vmagent-client"}
+CLUSTER = "http://127.0.0.1:8428"
+CLUSTER_AUTH = {"user": "cluster", "password_file": E2E_DIR + "/cluster-password"}
+
+
+def scraper(name):
+    """The URL of what scrapes on management host `name`: vmagent where it remote-writes, else VictoriaMetrics."""
+    return VMAGENT if name == REMOTE_WRITER else VM
+
+
 # argv: url, data (base64 or -), method, CA file, user, password file, client certificate, client key, file of an
 # authKey query argument (- for none)
 _FETCH = (
@@ -81,7 +96,7 @@ def own_auth(url, auth):
     vmalert."""
     if auth:
         return auth
-    return {VM: VM_AUTH, AM: AM_AUTH, VMALERT: VMALERT_AUTH}.get(url[:len(VM)], {})
+    return {VM: VM_AUTH, AM: AM_AUTH, VMALERT: VMALERT_AUTH, VMAGENT: VMAGENT_AUTH}.get(url[:len(VM)], {})
 
 
 def get_json(name, url, **auth):

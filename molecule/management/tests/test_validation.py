@@ -13,8 +13,8 @@ import time
 
 import yaml
 
-from mgmt import (AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VM, VMALERT, get_json, host, http, main_pid, post_json,
-                  run_role)
+from mgmt import (AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VMALERT, get_json, host, http, main_pid, post_json,
+                  run_role, scraper)
 from polling import wait_for
 
 with open(os.path.join(SCENARIO_DIR, "group_vars", "management.yml"), encoding="utf-8") as handle:
@@ -118,7 +118,7 @@ def test_a_new_node_is_scraped_without_a_restart():
     assert pids("victoriametrics") == pid_before
     for name in MANAGEMENT:
         wait_for("the new target in %s" % name, lambda n=name: [
-            t for t in get_json(n, VM + "/api/v1/targets")["data"]["activeTargets"]
+            t for t in get_json(n, scraper(n) + "/api/v1/targets")["data"]["activeTargets"]
             if t["labels"].get("node") == new_node and t["labels"]["job"] == "dcgm"], timeout=60)
 
 

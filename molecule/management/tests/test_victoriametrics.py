@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from hostchecks import assert_runs_as_its_own_user, cmdline
-from mgmt import MANAGEMENT, VM, VM_AUTH, get_json, http, query
+from mgmt import MANAGEMENT, REMOTE_WRITER, VM, VM_AUTH, get_json, http, query, scraper
 from polling import wait_for
 
 testinfra_hosts = ["management"]
@@ -36,8 +36,12 @@ def test_storage_flags(host):
     assert "-storageDataPath=/var/lib/victoriametrics" in args
     assert "-retentionPeriod=400d" in args
     assert "-storage.minFreeDiskSpaceBytes=10GiB" in args
-    assert "-promscrape.config=/etc/victoriametrics/scrape.yml" in args
-    assert "-promscrape.fileSDCheckInterval=5s" in args
+    if host.check_output("hostname") == REMOTE_WRITER:
+        # vmagent scrapes there (test_vmagent.py): VictoriaMetrics only stores, nothing is scraped twice
+        assert not [arg for arg in args if arg.startswith("-promscrape.")]
+    else:
+        assert "-promscrape.config=/etc/victoriametrics/scrape.yml" in args
+        assert "-promscrape.fileSDCheckInterval=5s" in args
 
 
 def test_security_flags_name_files_never_secrets(host):
@@ -124,7 +128,7 @@ def test_every_target_is_scraped_with_a_node_label(host):
     name = host.check_output("hostname")
 
     def all_up():
-        targets = get_json(name, VM + "/api/v1/targets")["data"]["activeTargets"]
+        targets = get_json(name, scraper(name) + "/api/v1/targets")["data"]["activeTargets"]
         seen = {(t["labels"]["job"], t["labels"].get("node"), t["health"]) for t in targets}
         wanted = {(job, mgmt, "up") for job in SCRAPED_JOBS for mgmt in MANAGEMENT}
         return wanted <= seen and all(t["labels"].get("node") for t in targets) and seen
@@ -132,7 +136,7 @@ def test_every_target_is_scraped_with_a_node_label(host):
     # the spare GPU node does not exist: its target is there, and down
     assert ("dcgm", "gpu-spare01", "down") in seen
     # node_exporter is up over HTTPS (the switch is on in this scenario), by the name the certificate carries
-    targets = get_json(name, VM + "/api/v1/targets")["data"]["activeTargets"]
+    targets = get_json(name, scraper(name) + "/api/v1/targets")["data"]["activeTargets"]
     node = sorted(t["scrapeUrl"] for t in targets if t["labels"]["job"] == "node" and t["health"] == "up")
     assert node == ["https://%s:9100/metrics" % mgmt for mgmt in MANAGEMENT]
     for mgmt in MANAGEMENT:
