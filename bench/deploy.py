@@ -277,6 +277,7 @@ def main() -> int:
         if count * 110 * 2**20 > mem_free * 0.8:
             sys.exit("bench-deploy: %d nodes need about %d MiB, %d MiB are available: choose fewer --nodes"
                      % (count, count * 110, mem_free // 2**20))
+    args.out = args.out.resolve()  # the PKI directory and the inventory are given to Ansible as absolute paths
     args.out.mkdir(parents=True, exist_ok=True)
     key = ensure_key(args.out)
     build_image()
