@@ -865,6 +865,19 @@ def vmalert_groups(text: str) -> dict[str, dict]:
     return out
 
 
+def vmalert_rules(api_json: bytes) -> list[dict]:
+    """Per rule, from vmalert's /api/v1/rules: the last evaluation's duration (s) and the series it fetched, so the
+    costly rules of a group can be named."""
+    rows = []
+    for group in json.loads(api_json)["data"]["groups"]:
+        for rule in group["rules"]:
+            rows.append({"group": group["name"], "rule": rule["name"],
+                         "seconds": round(float(rule.get("evaluationTime") or 0.0), 4),
+                         "series_fetched": int(rule.get("lastSeriesFetched") or 0),
+                         "samples": int(rule.get("lastSamples") or 0)})
+    return sorted(rows, key=lambda r: -r["seconds"])
+
+
 def prometheus_groups(text: str) -> dict[str, float]:
     """Per rule group: the last evaluation's duration (s) from Prometheus' own /metrics."""
     out = {}
@@ -1058,6 +1071,7 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
         record["storage"]["live_bytes_per_sample"] = round(
             (record["storage"]["data_bytes"] - before["data_bytes"]) / added_rows, 3) if added_rows > 0 else None
         record["rule_groups"] = vmalert_groups(get(vmalert_url + "/metrics").decode())
+        record["rules"] = vmalert_rules(get(vmalert_url + "/api/v1/rules"))
         record["scrape"] = scrape_p99(vm_url, live_start, live_end)
         record["scrape_health"] = {name.replace("vm_promscrape_", ""): int(sum(v for _l, v in metric_samples(
             vm_metrics, name))) for name in ("vm_promscrape_scrapes_total", "vm_promscrape_scrapes_timed_out_total",
@@ -1166,6 +1180,17 @@ def report_tables(results: list[dict]) -> str:
             spread([r["rule_groups"][group]["p99_s"] or 0 for r in records if group in r["rule_groups"]]),
             spread(prom) if prom else "not run (refused)" if any(r.get("prometheus") for r in records) else "-"))
     out.append("\n".join(rows))
+    costly: dict[tuple, list[dict]] = {}
+    for record in records:
+        for rule in record.get("rules") or []:
+            costly.setdefault((rule["group"], rule["rule"]), []).append(rule)
+    if costly:
+        rows = ["| costliest rules (%d nodes, last evaluation) | seconds | series fetched |" % nodes, "|---|---|---|"]
+        for (group, rule), runs in sorted(costly.items(), key=lambda kv: -statistics.median(
+                r["seconds"] for r in kv[1]))[:10]:
+            rows.append("| %s / %s | %s | %s |" % (group, rule, spread([r["seconds"] for r in runs]),
+                                                  spread([r["series_fetched"] for r in runs])))
+        out.append("\n".join(rows))
     proms = [r["prometheus"] for r in records if r.get("prometheus")]
     if proms:
         out.append("| %d nodes | RSS MiB (peak) | CPU cores | rule groups run |\n|---|---|---|---|\n"

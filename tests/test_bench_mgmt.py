@@ -236,6 +236,19 @@ def test_vmalert_group_durations():
     assert set(groups) == {"hpcobs-gpu", "hpcobs-node"}
 
 
+def test_vmalert_rule_figures_are_sorted_costliest_first():
+    api = json.dumps({"data": {"groups": [
+        {"name": "g1", "rules": [{"name": "cheap", "evaluationTime": 0.01, "lastSeriesFetched": 3, "lastSamples": 1},
+                                 {"name": "never", "duration": 600}]},
+        {"name": "g2", "rules": [{"name": "costly", "evaluationTime": 0.5, "lastSeriesFetched": 9000,
+                                  "lastSamples": 0, "duration": 60}]}]}}).encode()
+    rows = mgmt.vmalert_rules(api)
+    assert [r["rule"] for r in rows] == ["costly", "cheap", "never"]
+    # "duration" is the rule's `for:`, not its evaluation time
+    assert rows[0] == {"group": "g2", "rule": "costly", "seconds": 0.5, "series_fetched": 9000, "samples": 0}
+    assert rows[2]["seconds"] == 0.0
+
+
 def test_prometheus_group_durations():
     page = ('prometheus_rule_group_last_duration_seconds{rule_group="/w/prom-rules/hpcobs-gpu.yml;hpcobs-gpu"} 0.25\n'
             'prometheus_rule_group_interval_seconds{rule_group="/w/prom-rules/hpcobs-gpu.yml;hpcobs-gpu"} 30\n')
@@ -273,6 +286,8 @@ RESULTS = [{"nodes": 20, "run": 1, "ok": True,
                        ("together", 0.25, 370.0))},
             "storage": {"bytes_per_sample": 2.0, "live_bytes_per_sample": 0.8, "active_series": 10},
             "rule_groups": {"hpcobs-gpu": {"mean_s": 0.3, "p99_s": 0.5, "iterations": 4}},
+            "rules": [{"group": "hpcobs-gpu", "rule": "HpcobsGpuXidCritical", "seconds": 0.25, "series_fetched": 7,
+                       "samples": 0}],
             "scrape": {"dcgm": {"p99_ms": 9.0}, "node": {"p99_ms": 12.0}},
             "backfill": {"step_s": 60, "seconds": 10.0, "points_per_series": 60, "series_lines": 5},
             "panels": [{"dashboard": "d", "panel": "p", "ref": "A", "p50_ms": 100.0, "p95_ms": 400.0,
@@ -286,5 +301,6 @@ def test_report_tables_and_plots(tmp_path):
     text = mgmt.report_tables(RESULTS)
     assert "| 20 | 1 |" in text and "hpcobs-gpu" in text and "400" in text
     assert "d / p" in text  # the panel over the goal is listed
+    assert "| hpcobs-gpu / HpcobsGpuXidCritical | 0.25 | 7 |" in text
     pngs = mgmt.plots(RESULTS, tmp_path)
     assert pngs and all(p.exists() and p.stat().st_size > 1000 for p in pngs)

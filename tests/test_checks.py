@@ -198,6 +198,15 @@ def test_the_ready_metric_must_be_exported(ready):
         "dcgm_exporter_ready_metric %s is not one of the fields the counters CSV exports" % ready]
 
 
+def test_the_gpu_presence_field_is_required():
+    text = "\n".join(line for line in CSV.splitlines() if "GPU_TEMP" not in line) + "\n"
+    assert checks.dcgm_counters(text, source="x.csv")["problems"] == [
+        "x.csv does not export DCGM_FI_DEV_GPU_TEMP: the management host counts GPUs by it, and no GPU alert can "
+        "fire without it"]
+    as_label = text + "DCGM_FI_DEV_GPU_TEMP, label, Not a metric.\n"
+    assert "does not export DCGM_FI_DEV_GPU_TEMP" in checks.dcgm_counters(as_label)["problems"][0]
+
+
 @pytest.mark.parametrize("entry,words", [
     ({"field": "DCGM_FI_DEV_FB_TOTAL", "type": "gauge", "help": "Total memory, in MiB"},
      ['"help": "Total memory, in MiB"', "help is empty or has a comma", "help (text without commas"]),

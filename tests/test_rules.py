@@ -201,10 +201,14 @@ def test_alerts_follow_the_conventions(rendered):
         for key in ("summary", "description", "runbook"):
             assert str(ann.get(key, "")).strip(), f"{where}: annotation {key} missing"
         if name.startswith("HpcobsGpu") and name != "HpcobsGpuMissing":
-            # Every alert about a GPU attaches the job holding it (the join on hpcobs_slurm_job_info).
-            assert "hpcobs_slurm_job_info" in rule["expr"], f"{where}: no job attribution"
+            # Every alert about a GPU attaches the job holding it: the owner record, which joins
+            # hpcobs_slurm_job_info, and nothing that redoes that join per alert.
+            assert "gpu:hpcobs_gpu_owner:info" in rule["expr"], f"{where}: no job attribution"
+            assert "hpcobs_slurm_job_info" not in rule["expr"], f"{where}: joins the job info itself"
             assert "$labels.hpc_job" in ann["summary"], f"{where}: summary does not name the job"
     assert set(alerts) == set(defaults["vmalert_alert_for"]), "vmalert_alert_for and the alerts differ"
+    owners = [rule for _, group, rule in all_rules(rendered["groups"]) if rule.get("record") == "gpu:hpcobs_gpu_owner:info"]
+    assert len(owners) == 1 and "hpcobs_slurm_job_info" in owners[0]["expr"]
 
 
 def test_recording_rules_follow_the_naming_convention(rendered):

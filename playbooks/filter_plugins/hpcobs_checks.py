@@ -177,6 +177,11 @@ def _row(line):
     return tuple(parts)
 
 
+# The field the management host counts GPUs by: the GPU inventory, the owner record every GPU alert starts from
+# (roles/vmalert, gpu:hpcobs_gpu_owner:info) and the dashboards' GPU lists. Without it no GPU alert can fire.
+GPU_PRESENCE_FIELD = "DCGM_FI_DEV_GPU_TEMP"
+
+
 def dcgm_counters(text, extra_fields=(), ready_metric="", source="the counters CSV"):
     """The counters CSV `text` with `extra_fields` appended, parsed and checked.
 
@@ -204,6 +209,9 @@ def dcgm_counters(text, extra_fields=(), ready_metric="", source="the counters C
         rows.append(list(row))
     problems += ["%s: %s is listed twice" % (source, field) for field in twice]
     metric_fields = [row[0] for row in rows if row[1] != "label"]
+    if rows and GPU_PRESENCE_FIELD not in metric_fields:
+        problems.append("%s does not export %s: the management host counts GPUs by it, and no GPU alert can fire "
+                        "without it" % (source, GPU_PRESENCE_FIELD))
     if ready_metric and ready_metric not in metric_fields:
         problems.append("dcgm_exporter_ready_metric %s is not one of the fields %s exports" % (ready_metric, source))
     return {"rows": rows, "fields": [row[0] for row in rows], "metric_fields": metric_fields, "problems": problems}
