@@ -12,7 +12,8 @@ Each run records wall time, tasks per host (ok + skipped, from the recap), chang
 together). Results go to --out (results.json, one log per run); bench/plot.py draws them.
 
   bench/deploy.py --nodes 10 50 100 200 [--runs 3] [--connection ssh|nsenter] [--plays full baseline]
-  bench/deploy.py --smoke          2 nodes, one run of each play (make test's version)
+  bench/deploy.py --smoke          1 node, the baseline play (make test's version, about a minute); the full
+                                   play's one-node deploy is bench/cardinality.py's, also in make test
 """
 from __future__ import annotations
 
@@ -260,14 +261,18 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[10])
     parser.add_argument("--runs", type=int, default=1, help="repetitions of each (N, play) on fresh containers")
     parser.add_argument("--connection", choices=["ssh", "nsenter"], default="ssh")
-    parser.add_argument("--plays", nargs="+", choices=sorted(PLAYS), default=["full", "baseline"])
+    parser.add_argument("--plays", nargs="+", choices=sorted(PLAYS), default=None,
+                        help="default: full and baseline (--smoke: baseline)")
     parser.add_argument("--out", type=Path, default=REPO / ".cache" / "bench" / "deploy")
-    parser.add_argument("--smoke", action="store_true", help="2 nodes, one run of each play; fails on any goal "
-                        "that does not depend on scale (rc 0, nothing changed on the rerun)")
+    parser.add_argument("--smoke", action="store_true", help="1 node, the baseline play (unless --plays says "
+                        "otherwise), one run; fails on any goal that does not depend on scale (rc 0, nothing changed "
+                        "on the rerun)")
     parser.add_argument("--keep", action="store_true", help="leave the last containers running")
     args = parser.parse_args()
     if args.smoke:
-        args.nodes, args.runs = [2], 1
+        args.nodes, args.runs = [1], 1
+    if args.plays is None:
+        args.plays = ["baseline"] if args.smoke else ["full", "baseline"]
     if os.geteuid() != 0:
         sys.exit("bench-deploy: needs root (rootful podman, as the tests)")
     mem_free = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()

@@ -874,8 +874,36 @@ def vmalert_rules(api_json: bytes) -> list[dict]:
             rows.append({"group": group["name"], "rule": rule["name"],
                          "seconds": round(float(rule.get("evaluationTime") or 0.0), 4),
                          "series_fetched": int(rule.get("lastSeriesFetched") or 0),
-                         "samples": int(rule.get("lastSamples") or 0)})
+                         "samples": int(rule.get("lastSamples") or 0),
+                         "error": str(rule.get("lastError") or "")[:300]})
     return sorted(rows, key=lambda r: -r["seconds"])
+
+
+def smoke_problems(record: dict, groups: list[str]) -> list[str]:
+    """What makes a run's figures meaningless, whatever the scale: a rule group that never ran, a rule or a panel
+    query that failed, a served job never scraped, nothing stored live, a Prometheus phase without rules."""
+    problems = []
+    ran = record.get("rule_groups") or {}
+    problems += ["rule group %s never evaluated" % g for g in groups if not (ran.get(g) or {}).get("iterations")]
+    problems += ["rule %s / %s: %s" % (r["group"], r["rule"], r["error"]) for r in record.get("rules") or []
+                 if r.get("error")]
+    problems += ["panel %s / %s (%s): %s" % (p["dashboard"], p["panel"], p["ref"], p["error"])
+                 for p in record.get("panels") or [] if p.get("error")]
+    scraped = record.get("scrape") or {}
+    problems += ["job %s was never scraped" % job for job in SERVED_JOBS if not (scraped.get(job) or {}).get("scrapes")]
+    if not (record.get("storage") or {}).get("live_rows"):
+        problems.append("nothing was stored during the live phase")
+    prom = record.get("prometheus")
+    if prom is not None and not (prom.get("rules") or {}).get("kept"):
+        problems.append("Prometheus ran without any rule group")
+    return problems
+
+
+def rendered_groups(rules_dir: Path) -> list[str]:
+    import yaml
+
+    return sorted(group["name"] for path in sorted(rules_dir.glob("*.yml"))
+                  for group in (yaml.safe_load(path.read_text()) or {}).get("groups") or [])
 
 
 def prometheus_groups(text: str) -> dict[str, float]:
@@ -1086,6 +1114,7 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
             stop(processes.pop(name))
         if prom:
             record["prometheus"] = prometheus_phase(args, work, etc, rules, prom, processes)
+        record["problems"] = smoke_problems(record, rendered_groups(rules))
         record["ok"] = True
     finally:
         for name in list(processes):
@@ -1372,6 +1401,10 @@ def main(argv=None) -> int:
                 say("run %d at %d nodes failed: %s" % (run, nodes, exc))
                 record, failed = {"nodes": nodes, "run": run, "ok": False, "error": str(exc)[:2000]}, failed + 1
             record["wall_s"] = round(time.monotonic() - began, 1)
+            for problem in record.get("problems") or []:
+                say("run %d at %d nodes: PROBLEM: %s" % (run, nodes, problem))
+            if args.smoke and record.get("problems"):
+                failed += 1
             results.append(record)
             results_path.write_text(json.dumps(results, indent=1) + "\n")
             say("run %d at %d nodes: %.0f s; %s" % (run, nodes, record["wall_s"], results_path))

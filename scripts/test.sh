@@ -4,12 +4,13 @@
 #   2. lint: ansible-lint (production profile), yamllint, scripts/copy-check.py (tasks copied across roles)
 #   3. unit: pytest tests/
 #   4. every Molecule scenario (molecule/*/molecule.yml), longest first, in two parallel lanes
-# A full run queues lint and unit in those lanes too (by their durations), beside the scenarios: much of a scenario's
+#   5. bench: the smoke versions of the benchmarks (bench/deploy.py, bench/cardinality.py, bench/mgmt.py)
+# A full run queues lint, unit and bench in those lanes too (by their durations), beside the scenarios: much of a scenario's
 # time is waiting, which they use.
 # Runs every phase even after a failure, exits non-zero if anything failed, and ends with a one-line summary.
 #
 #   scripts/test.sh                    everything
-#   scripts/test.sh lint | unit        one phase
+#   scripts/test.sh lint | unit | bench  one phase
 #   scripts/test.sh prepare            only what the scenarios and benchmarks need (images, tools, test bundle)
 #   scripts/test.sh molecule [NAME..]  some or all scenarios
 set -u
@@ -92,12 +93,22 @@ unit() {
 
 # Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
 # recorded, else these (seconds, measured on a 2-CPU machine), else "long".
+# The benchmarks' smoke versions (make bench-smoke), one after another: deploy and cardinality share the
+# hpcobs-bench- containers and network, the management host's runs on loopback only.
+bench() {
+  rc=0
+  python3 bench/deploy.py --smoke || rc=1
+  python3 bench/cardinality.py --json .cache/bench/cardinality-smoke.json || rc=1
+  python3 bench/mgmt.py --smoke || rc=1
+  return $rc
+}
+
 typical_seconds="default:1450 slurm:700 grafana:420 slurm_native:400 management:400 gpu_node:140 hw_exporters:250
-bundle_faults:160 logs:150 node_exporter:60 unit:300 lint:60"
+bundle_faults:160 logs:150 node_exporter:60 unit:300 lint:60 bench:400"
 scenarios() { # [--with-checks] [scenario...]: --with-checks queues lint and unit among them
   checks=""
   if [ "${1:-}" = --with-checks ]; then
-    checks="lint unit"
+    checks="lint unit bench"
     shift
   fi
   if [ $# -gt 0 ]; then
@@ -118,7 +129,7 @@ one_scenario() {
   scenario=$1
   t0=$(date +%s)
   case $scenario in
-    lint | unit)
+    lint | unit | bench)
       log=.cache/logs/$scenario-lane.log
       label=$scenario
       if $scenario >"$log" 2>&1; then status=ok; else status=FAIL; fi
@@ -181,7 +192,7 @@ molecule_all() { # [--with-checks] [scenario...]
       status=FAIL seconds=0
     fi
     [ "$status" = ok ] || rc=1
-    case $scenario in lint | unit) record "$scenario" "$status" "$seconds" ;; *) record "molecule:$scenario" "$status" "$seconds" ;; esac
+    case $scenario in lint | unit | bench) record "$scenario" "$status" "$seconds" ;; *) record "molecule:$scenario" "$status" "$seconds" ;; esac
     [ -s ".cache/logs/failures-$scenario.txt" ] && digests="$digests $scenario"
   done
   return $rc
@@ -199,11 +210,12 @@ case "$phase" in
   # what the scenarios and the benchmarks need (images, tools, the test bundle), nothing run
   prepare) run_step prepare prepare ;;
   _scenario) one_scenario "$1"; exit 0 ;;
+  bench) run_step bench bench ;;
   molecule)
     run_step prepare prepare
     [ $failed = 0 ] && molecule_all "$@"
     ;;
-  *) echo "usage: $0 [all|lint|unit|prepare|molecule [scenario...]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|lint|unit|bench|prepare|molecule [scenario...]]" >&2; exit 2 ;;
 esac
 
 # Failures again at the end of the output, where a truncated log still shows them.

@@ -245,8 +245,33 @@ def test_vmalert_rule_figures_are_sorted_costliest_first():
     rows = mgmt.vmalert_rules(api)
     assert [r["rule"] for r in rows] == ["costly", "cheap", "never"]
     # "duration" is the rule's `for:`, not its evaluation time
-    assert rows[0] == {"group": "g2", "rule": "costly", "seconds": 0.5, "series_fetched": 9000, "samples": 0}
+    assert rows[0] == {"group": "g2", "rule": "costly", "seconds": 0.5, "series_fetched": 9000, "samples": 0,
+                       "error": ""}
     assert rows[2]["seconds"] == 0.0
+
+
+def test_smoke_problems_name_what_makes_a_run_meaningless(tmp_path):
+    (tmp_path / "a.yml").write_text("groups:\n  - name: g1\n    rules: []\n  - name: g2\n    rules: []\n")
+    groups = mgmt.rendered_groups(tmp_path)
+    assert groups == ["g1", "g2"]
+    good = {"rule_groups": {"g1": {"iterations": 2}, "g2": {"iterations": 1}},
+            "rules": [{"group": "g1", "rule": "r", "error": ""}],
+            "panels": [{"dashboard": "d", "panel": "p", "ref": "A", "error": ""}],
+            "scrape": {job: {"scrapes": 3} for job in mgmt.SERVED_JOBS}, "storage": {"live_rows": 10},
+            "prometheus": {"rules": {"kept": ["g1"]}}}
+    assert mgmt.smoke_problems(good, groups) == []
+    bad = dict(good, rule_groups={"g1": {"iterations": 2}, "g2": {"iterations": 0}},
+               rules=[{"group": "g1", "rule": "r", "error": "duplicate series"}],
+               panels=[{"dashboard": "d", "panel": "p", "ref": "A", "error": "timeout"}],
+               scrape={"node": {"scrapes": 3}}, storage={"live_rows": 0}, prometheus={"rules": {"kept": []}})
+    problems = mgmt.smoke_problems(bad, groups)
+    assert "rule group g2 never evaluated" in problems
+    assert "rule g1 / r: duplicate series" in problems
+    assert "panel d / p (A): timeout" in problems
+    assert "job dcgm was never scraped" in problems and "job node was never scraped" not in problems
+    assert "nothing was stored during the live phase" in problems
+    assert "Prometheus ran without any rule group" in problems
+    assert mgmt.smoke_problems(dict(good, prometheus=None), groups) == []
 
 
 def test_prometheus_group_durations():

@@ -45,10 +45,9 @@ def board_series():
     for name, node, severity, state, ended in ALERTS:
         labels = (("alertname", name), ("alertstate", state), ("node", node), ("severity", severity))
         series[("ALERTS", labels)] = [(t, 1) for t in LIVE if t <= NOW - ended]
-    for (node, gpu), util in UTIL.items():
-        for extra in ((), (("hpc_job", "7001"),)):   # the exporter's series and its job-labelled copy
-            labels = tuple(sorted((("node", node), ("gpu", gpu)) + extra))
-            series[("DCGM_FI_DEV_GPU_UTIL", labels)] = [(t, util) for t in LIVE]
+    # the board reads the vmalert role's record of the mean utilisation (its rule is unit-tested in
+    # tests/rules/gpu_inventory.test.yml)
+    series[("fleet:hpcobs_gpu_utilization_percent:avg", ())] = [(t, sum(UTIL.values()) / len(UTIL)) for t in LIVE]
     for (job, user, account), hours in TOP_JOBS.items():
         labels = (("account", account), ("hpc_job", job), ("user", user))
         series[("hpc_job:hpcobs_gpu_hours:increase24h", labels)] = [(t, hours) for t in LIVE]

@@ -79,8 +79,8 @@ def test_every_rule_is_loaded_and_evaluates_without_error(host):
         return groups if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) else None
     groups = wait_for("every rule evaluated once", evaluated, timeout=60)
     names = {group["name"] for group in groups}
-    assert {"hpcobs-gpu", "hpcobs-node", "hpcobs-energy", "hpcobs-monitoring", "hpcobs-fleet-health",
-            "site-e2e"} <= names
+    assert {"hpcobs-gpu-owners", "hpcobs-gpu", "hpcobs-gpu-warnings", "hpcobs-gpu-links", "hpcobs-node",
+            "hpcobs-energy", "hpcobs-monitoring", "hpcobs-fleet-health", "site-e2e"} <= names
     errors = [(group["name"], rule["name"], rule["lastError"]) for group in groups for rule in group["rules"]
               if rule["health"] != "ok"]
     assert errors == []

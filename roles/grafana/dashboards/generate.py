@@ -191,12 +191,13 @@ def executive():
 
     use = (gauge.Panel().title("GPU use now").description(
         "Allocated: share of the fleet's GPUs held by a Slurm job (fleet:hpcobs_gpus_in_use:count / "
-        "fleet:hpcobs_gpus:count). Busy: mean utilisation of the GPUs that report it (MIG instances do not). "
+        "fleet:hpcobs_gpus:count). Busy: mean utilisation of the GPUs that report it (MIG instances do not; "
+        "fleet:hpcobs_gpu_utilization_percent:avg). "
         "Allocated far above busy means jobs hold GPUs they do not use.")
         .datasource(VM).span(8).height(6).unit("percent").min(0).max(100).decimals(0)
         .targets(refs(q("100 * fleet:hpcobs_gpus_in_use:count / fleet:hpcobs_gpus:count", "Allocated to jobs",
                         instant=True),
-                      q("avg(max by (node, gpu) (DCGM_FI_DEV_GPU_UTIL))", "Busy (mean utilisation)",
+                      q("fleet:hpcobs_gpu_utilization_percent:avg", "Busy (mean utilisation)",
                         instant=True)))
         .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .thresholds(steps((None, "blue"))))
