@@ -385,6 +385,7 @@ def main() -> int:
     result = figures(served, stored, unit_include)
     ok = report(result, args.gpus, args.budget, args.top)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"gpus": args.gpus, "budget": args.budget, "reference": result["reference"],
                                          "exporters": {n: {k: (dict(v) if isinstance(v, Counter) else v)
                                                            for k, v in row.items()}
