@@ -92,6 +92,14 @@ class E2E:
         self.jobs[name] = {"id": jobid, "node": node, "gpus": gpu_ids, "user": user, "account": account}
         return self.jobs[name]
 
+    def owned(self, job, timeout=60):
+        """Wait until the owner record every GPU alert starts from (gpu:hpcobs_gpu_owner:info) names the job, with its
+        user and account, on each of its GPUs: it trails the job's series by one evaluation (docs/alerts.md)."""
+        expr = 'gpu:hpcobs_gpu_owner:info{hpc_job="%s", user="%s", account="%s"}' % (job["id"], job["user"],
+                                                                                   job["account"])
+        return wait_for("owner record of job %s" % job["id"], lambda: sorted(
+            r["metric"]["gpu"] for r in self.query(expr) if r["metric"]["node"] == job["node"]) == job["gpus"], timeout)
+
     @staticmethod
     def mapped_gpus(node, jobid):
         out = sh(node, "cd /run/hpcobs/dcgm-job-mapping && grep -lx %s [0-9]* || true" % jobid)
@@ -194,6 +202,8 @@ def test_job_attribution_reaches_victoriametrics(e2e):
     assert info[0]["metric"]["user"] == "alice" and info[0]["metric"]["account"] == "physics"
     assert info[0]["metric"]["node"] == GPU1
     e2e.timings["job_start_to_hpc_job_series_s"] = round(time.time() - t0, 1)
+    e2e.owned(job)
+    e2e.timings["job_start_to_owner_record_s"] = round(time.time() - t0, 1)
 
 
 def test_per_account_power_recording_rule_shows_the_account(e2e):
@@ -386,6 +396,8 @@ def test_xid_79_pages_oncall_with_the_job(e2e):
     job = e2e.submit("carol", "physics", GPU2, 2, "e2e-xid")
     gpu = job["gpus"][-1]
     wait_for("series of the xid job", lambda: e2e.query('DCGM_FI_DEV_XID_ERRORS{hpc_job="%s"}' % job["id"]), 60)
+    # the bound below is from fault to page for a job the GPU alerts already know
+    e2e.owned(job)
     t0 = time.time()
     sh(GPU2, "hpcobs-gpusim fault set --gpu %s xid --code 79" % gpu)
     bound = FOR["HpcobsGpuXidCritical"] + 2 * SCRAPE + EVAL + GROUP_WAIT
