@@ -900,10 +900,9 @@ def smoke_problems(record: dict, groups: list[str]) -> list[str]:
 
 
 def rendered_groups(rules_dir: Path) -> list[str]:
-    import yaml
+    from test_rules import load_groups
 
-    return sorted(group["name"] for path in sorted(rules_dir.glob("*.yml"))
-                  for group in (yaml.safe_load(path.read_text()) or {}).get("groups") or [])
+    return sorted(group["name"] for groups in load_groups(rules_dir).values() for group in groups)
 
 
 def prometheus_groups(text: str) -> dict[str, float]:

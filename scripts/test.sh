@@ -91,8 +91,6 @@ unit() {
   return $rc
 }
 
-# Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
-# recorded, else these (seconds, measured on a 2-CPU machine), else "long".
 # The benchmarks' smoke versions (make bench-smoke), one after another: deploy and cardinality share the
 # hpcobs-bench- containers and network, the management host's runs on loopback only.
 bench() {
@@ -103,9 +101,11 @@ bench() {
   return $rc
 }
 
+# Scenarios, longest first, so that the lanes below finish close together: the durations this machine last
+# recorded, else these (seconds, measured on a 2-CPU machine), else "long".
 typical_seconds="default:1450 slurm:700 grafana:420 slurm_native:400 management:400 gpu_node:140 hw_exporters:250
 bundle_faults:160 logs:150 node_exporter:60 unit:300 lint:60 bench:400"
-scenarios() { # [--with-checks] [scenario...]: --with-checks queues lint and unit among them
+scenarios() { # [--with-checks] [scenario...]: --with-checks queues lint, unit and bench among them
   checks=""
   if [ "${1:-}" = --with-checks ]; then
     checks="lint unit bench"
