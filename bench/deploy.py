@@ -94,9 +94,32 @@ def remove_nodes() -> None:
         podman("rm", "-f", "-t", "0", *names, check=False)
 
 
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def inotify_instances_needed(count: int) -> int:
+    """Every systemd container holds inotify instances of root's one budget (PID 1, journald, logind, dbus, then
+    the exporters): about 5 per booted node were measured (the 26th node of a stock host, limit 128, exits 255 at
+    boot), so 16 per node leaves room for what the deploy starts, plus the host's own."""
+    return 256 + 16 * count
+
+
+def ensure_inotify_limit(count: int) -> None:
+    """Raise fs.inotify.max_user_instances for this boot when count nodes need more (not persistent: nothing in
+    /etc/sysctl.d changes), saying so; a stock host's 128 stops systemd in the containers from booting."""
+    needed = inotify_instances_needed(count)
+    current = int(INOTIFY_LIMIT.read_text())
+    if current >= needed:
+        return
+    INOTIFY_LIMIT.write_text("%d\n" % needed)
+    say("fs.inotify.max_user_instances raised from %d to %d for %d nodes (until reboot; systemd in a container "
+        "does not boot without its inotify instances)" % (current, needed, count))
+
+
 def start_nodes(count: int, pubkey: Path) -> dict[str, str]:
     """count fresh node containers; returns {inventory name: address} once every sshd answers."""
     remove_nodes()
+    ensure_inotify_limit(count)
     if podman("network", "exists", NETWORK, check=False).returncode != 0:
         podman("network", "create", NETWORK)
     names = ["gpu%03d" % i for i in range(1, count + 1)]
@@ -109,6 +132,12 @@ def start_nodes(count: int, pubkey: Path) -> dict[str, str]:
                          '{{ (index .NetworkSettings.Networks "%s").IPAddress }}' % NETWORK, PREFIX + name).stdout.strip()
         deadline = time.monotonic() + 120
         while True:
+            state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", PREFIX + name,
+                           check=False).stdout.split()
+            if state and state[0] == "exited":
+                raise RuntimeError("%s: the container exited (code %s) before sshd answered: `podman logs %s%s`; "
+                                   "a systemd container that exits 255 at boot lacks inotify instances "
+                                   "(fs.inotify.max_user_instances)" % (name, state[1:], PREFIX, name))
             try:
                 with socket.create_connection((address, 22), timeout=2) as conn:
                     if conn.recv(4).startswith(b"SSH-"):
@@ -177,20 +206,29 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+_MUX_SEEN: dict[tuple[int, str], bool] = {}
+
+
 def ssh_multiplexers(since: float) -> list[int]:
-    """The SSH ControlMaster processes started during the run: they leave the run's session (ControlPersist)."""
+    """The SSH ControlMaster processes started during the run: they leave the run's session (ControlPersist). A
+    process's command line is read once (cached by pid and start time, so a reused pid is read again): the sampler
+    must not cost the controller a core itself."""
     ticks = os.sysconf("SC_CLK_TCK")
     boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            cmdline = Path("/proc/%s/cmdline" % entry).read_bytes()
-        except OSError:
-            continue
         fields = proc_stat(entry)
-        if fields and b"[mux]" in cmdline and boot + int(fields[19]) / ticks >= since - 1:
+        if not fields or boot + int(fields[19]) / ticks < since - 1:
+            continue
+        key = (int(entry), fields[19])
+        if key not in _MUX_SEEN:
+            try:
+                _MUX_SEEN[key] = b"[mux]" in Path("/proc/%s/cmdline" % entry).read_bytes()
+            except OSError:
+                continue
+        if _MUX_SEEN[key]:
             pids.append(int(entry))
     return pids
 
@@ -225,7 +263,7 @@ def run_play(playbooks: list[Path], inventory: Path, log: Path, connection: str)
                 total = sum(rss_bytes(pid) for pid in session_processes(process.pid))
                 total += sum(rss_bytes(pid) for pid in ssh_multiplexers(started_wall))
                 peak = max(peak, total)
-                stop.wait(0.5)
+                stop.wait(1.0)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

@@ -84,7 +84,8 @@ lint() {
 
 unit() {
   rm -f .cache/logs/failures-unit.txt
-  pytest -q tests >.cache/logs/unit.log 2>&1
+  # the 20 slowest tests are listed at the end of the log: where the unit phase's time goes
+  pytest -q --durations=20 tests >.cache/logs/unit.log 2>&1
   rc=$?
   cat .cache/logs/unit.log
   [ $rc = 0 ] || { failure_digest .cache/logs/unit.log >.cache/logs/failures-unit.txt; digests="$digests unit"; }
