@@ -97,6 +97,86 @@ def test_an_account_made_later_in_the_run_is_a_change_in_check_mode_and_an_error
     assert not (tmp_path / "tls").exists()
 
 
+def test_a_content_that_fails_its_validate_command_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "promtail.yml"
+    target.write_bytes(b"good: true\n")
+    refuse = dict(entry(target, b"bad\n"), validate="/bin/sh -c 'grep -q good \"$1\" || { echo \"line 1: not good\" >&2; exit 3; }' v %s")
+    with pytest.raises(MODULE.FilesError, match=r"promtail.yml: the new content was not installed: /bin/sh exited 3: "
+                                                r"line 1: not good; the old file is unchanged"):
+        MODULE.sync([], [refuse], check_mode=False)
+    assert target.read_bytes() == b"good: true\n" and os.listdir(tmp_path) == ["promtail.yml"]
+    accept = dict(refuse, content=base64.b64encode(b"good: yes\n").decode())
+    assert MODULE.sync([], [accept], check_mode=False) == [str(target)]
+    assert target.read_bytes() == b"good: yes\n"
+    # the validator sees the new content in a file of the same directory, with the final mode
+    seen = tmp_path / "seen"
+    probe = dict(entry(target, b"third\n", "0600"),
+                 validate="/bin/sh -c 'stat -c %a \"$1\" > \"$2\".mode; cat \"$1\" > \"$2\"' v %s " + str(seen))
+    assert MODULE.sync([], [probe], check_mode=False) == [str(target)]
+    assert seen.read_bytes() == b"third\n" and (tmp_path / "seen.mode").read_text() == "600\n"
+    with pytest.raises(MODULE.FilesError, match="must name the file as %s"):
+        MODULE.sync([], [dict(entry(target, b"fourth\n"), validate="/bin/true")], check_mode=False)
+
+
+def test_a_validate_command_is_not_run_in_check_mode_nor_for_a_file_already_right(tmp_path):
+    target = tmp_path / "hooks.conf"
+    target.write_bytes(b"same\n")
+    os.chmod(target, 0o640)
+    never = dict(entry(target, b"same\n"), validate="/bin/false %s")
+    assert MODULE.sync([], [never], check_mode=False) == []
+    assert MODULE.sync([], [dict(never, content=base64.b64encode(b"other\n").decode())], check_mode=True) == [str(target)]
+    assert target.read_bytes() == b"same\n"
+
+
+def test_a_diff_is_given_only_for_files_marked_so(tmp_path):
+    unit = tmp_path / "node_exporter.service"
+    unit.write_bytes(b"[Service]\nExecStart=/old\n")
+    secret = tmp_path / "ipmi.yml"
+    secret.write_bytes(b"password: old\n")
+    fresh = tmp_path / "new.d" / "fresh.conf"
+    diffs = []
+    changed = MODULE.sync([{"path": str(fresh.parent), "owner": ME, "group": MY_GROUP}],
+                          [dict(entry(unit, b"[Service]\nExecStart=/new\n"), diff=True),
+                           entry(secret, b"password: new\n"),
+                           dict(entry(fresh, b"x = 1\n"), diff=True)], check_mode=True, diffs=diffs)
+    assert changed == [str(fresh.parent), str(unit), str(secret), str(fresh)]
+    assert diffs == [{"before_header": str(unit), "after_header": str(unit), "before": "[Service]\nExecStart=/old\n",
+                      "after": "[Service]\nExecStart=/new\n"},
+                     {"before_header": str(fresh), "after_header": str(fresh), "before": "", "after": "x = 1\n"}]
+    assert all("password" not in text for d in diffs for text in d.values())
+
+
+def test_a_file_to_remove_goes_a_symlink_goes_without_its_target_and_a_directory_is_refused(tmp_path):
+    stale = tmp_path / "hpcobs-slurm-hooks.conf"
+    stale.write_bytes(b"d /run/x\n")
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    assert MODULE.sync([], [], check_mode=True, absent=[str(stale), str(link)]) == [str(stale), str(link)]
+    assert stale.exists() and link.is_symlink()
+    assert MODULE.sync([], [], check_mode=False, absent=[str(stale), str(link), str(tmp_path / "gone")]) == [
+        str(stale), str(link)]
+    assert not stale.exists() and not link.is_symlink() and target.read_bytes() == b"keep"
+    with pytest.raises(MODULE.FilesError, match="is a directory, not a file to remove"):
+        MODULE.sync([], [], check_mode=False, absent=[str(tmp_path)])
+
+
+def test_service_dirs_become_directory_entries_with_the_service_group():
+    assert hpcobs_service.directory_entries(
+        [{"path": "/var/lib/node_exporter/textfile"}, {"path": "/etc/node_exporter", "mode": "0750"},
+         {"path": "/srv/x", "owner": "promtail", "group": "adm", "mode": "0700"}], "node_exporter") == [
+        {"path": "/var/lib/node_exporter/textfile", "owner": "root", "group": "node_exporter", "mode": "0755"},
+        {"path": "/etc/node_exporter", "owner": "root", "group": "node_exporter", "mode": "0750"},
+        {"path": "/srv/x", "owner": "promtail", "group": "adm", "mode": "0700"}]
+    assert hpcobs_service.directory_entries(["/etc/slurm/prolog.d"], "root") == [
+        {"path": "/etc/slurm/prolog.d", "owner": "root", "group": "root", "mode": "0755"}]
+    with pytest.raises(hpcobs_service.AnsibleFilterError, match="/x has unknown keys recurse"):
+        hpcobs_service.directory_entries([{"path": "/x", "recurse": True}], "g")
+    with pytest.raises(hpcobs_service.AnsibleFilterError, match="has no path"):
+        hpcobs_service.directory_entries([{"mode": "0755"}], "g")
+
+
 @pytest.mark.parametrize("mode", ["rw-r-----", "0999", "", "12345"])
 def test_a_mode_that_is_not_octal_is_refused(mode, tmp_path):
     with pytest.raises(MODULE.FilesError, match="not an octal mode"):

@@ -670,6 +670,27 @@ def tree(paths, dest_root, mode="0644", dir_mode="0755", owner="root", group="ro
             "files": files}
 
 
+def directory_entries(dirs, group, owner="root", mode="0755"):
+    """A role's service_dirs ([{path, owner, group, mode}], roles/service tasks_from: account; a plain path stands
+    for {path}) as hpcobs_files directories, each missing key given its default (owner root, the service's group,
+    0755); an entry without a path or with another key is refused, naming it."""
+    if not isinstance(dirs, list):
+        raise AnsibleFilterError("service_dirs must be a list of {path, owner, group, mode}, got %r" % (dirs,))
+    entries = []
+    for entry in dirs:
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        if not isinstance(entry, dict) or not entry.get("path"):
+            raise AnsibleFilterError("service_dirs: %r has no path" % (entry,))
+        unknown = sorted(set(entry) - {"path", "owner", "group", "mode"})
+        if unknown:
+            raise AnsibleFilterError("service_dirs: %s has unknown keys %s (allowed: path, owner, group, mode)"
+                                     % (entry["path"], ", ".join(unknown)))
+        entries.append({"path": str(entry["path"]), "owner": entry.get("owner", owner),
+                        "group": entry.get("group", group), "mode": str(entry.get("mode", mode))})
+    return entries
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -697,6 +718,7 @@ class FilterModule:
             "hpcobs_front_config": front_config,
             "hpcobs_tls_files": tls_files,
             "hpcobs_tree": tree,
+            "hpcobs_directory_entries": directory_entries,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
             "hpcobs_peer_names": peer_names,

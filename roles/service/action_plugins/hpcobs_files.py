@@ -15,7 +15,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
-FILE_KEYS = {"dest", "src", "content", "owner", "group", "mode"}
+FILE_KEYS = {"dest", "src", "content", "owner", "group", "mode", "validate", "diff"}
 DIRECTORY_KEYS = {"path", "owner", "group", "mode"}
 
 
@@ -52,7 +52,7 @@ def encode_files(files, check_mode, read):
                                         "was changed on the host)" % (entry["dest"], entry["src"]))
         else:
             data = to_bytes(entry["content"], errors="surrogate_or_strict")
-        item = {key: entry[key] for key in ("dest", "owner", "group", "mode") if key in entry}
+        item = {key: entry[key] for key in ("dest", "owner", "group", "mode", "validate", "diff") if key in entry}
         item["content"] = to_text(base64.b64encode(data))
         encoded.append(item)
     return encoded, skipped
@@ -60,13 +60,16 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("directories", "files"))
+    _VALID_ARGS = frozenset(("directories", "files", "absent"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
         directories = self._task.args.get("directories", [])
         files = self._task.args.get("files", [])
+        absent = self._task.args.get("absent", [])
+        if not isinstance(absent, list) or not all(isinstance(path, str) and path.startswith("/") for path in absent):
+            raise AnsibleActionFail("hpcobs_files: absent must be a list of absolute paths, got %r" % (absent,))
         check_entries(directories, DIRECTORY_KEYS, "path", "directories")
         check_entries(files, FILE_KEYS, "dest", "files")
 
@@ -80,7 +83,7 @@ class ActionModule(ActionBase):
 
         encoded, skipped = encode_files(files, self._task.check_mode, read)
         module = self._execute_module(module_name="hpcobs_files",
-                                      module_args={"directories": directories, "files": encoded},
+                                      module_args={"directories": directories, "files": encoded, "absent": absent},
                                       task_vars=task_vars)
         module.pop("invocation", None)
         result.update(module)

@@ -25,11 +25,24 @@ options:
     type: list
     elements: dict
     default: []
-    description: "C({dest, content (base64), owner, group, mode})."
+    description:
+      - "C({dest, content (base64), owner, group, mode, validate, diff})."
+      - "C(validate): a command run on the new content before it replaces the file, C(%s) standing for the
+        temporary file (as the copy and template modules' option): a non-zero exit fails the task and leaves the old
+        file in place. Not run in check mode, nor for a file whose content is already right."
+      - "C(diff): true for a file whose content may be shown (a unit, a configuration without secrets): with
+        C(--diff), the result holds the old and the new text of each changed one. Never set for a secret."
+  absent:
+    type: list
+    elements: path
+    default: []
+    description: "Files removed when they exist (after the files above): a symlink is removed, not followed; a
+      directory is refused."
 """
 
 RETURN = r"""
 changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
+diff: {description: "With --diff, before and after of each changed file marked C(diff)", type: list, returned: with --diff}
 """
 
 import base64
@@ -37,7 +50,9 @@ import grp
 import hashlib
 import os
 import pwd
+import shlex
 import stat
+import subprocess
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -110,8 +125,32 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def sync_file(entry, check_mode):
-    """Make one file hold the content, owner, group and mode asked; True when it was (or would be) changed."""
+def validate(command, temporary, path):
+    """Run the entry's validate command on the temporary file: a non-zero exit is an error naming the file, with
+    the command's last output lines (the command is the role's, the file's content is never shown)."""
+    if "%s" not in command:
+        raise FilesError("%s: the validate command must name the file as %%s: %s" % (path, command))
+    argv = [word.replace("%s", temporary) for word in shlex.split(command)]
+    try:
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise FilesError("%s: the new content was not installed: validating it failed (%s)" % (path, error))
+    if result.returncode != 0:
+        output = " ".join((result.stderr or result.stdout).strip().splitlines()[-5:])[:600]
+        raise FilesError("%s: the new content was not installed: %s exited %d%s; the old file is unchanged"
+                         % (path, argv[0], result.returncode, (": " + output) if output else ""))
+
+
+def text_of(data):
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "(binary content)\n"
+
+
+def sync_file(entry, check_mode, diffs=None):
+    """Make one file hold the content, owner, group and mode asked; True when it was (or would be) changed. With
+    diffs a list and the entry marked diff, a changed content adds its before and after to it."""
     path = entry["dest"]
     mode = parse_mode(entry.get("mode", "0644"), path)
     uid, gid = owner_ids(entry.get("owner", "root"), entry.get("group", "root"), path, check_mode)
@@ -129,6 +168,10 @@ def sync_file(entry, check_mode):
     same_content = info is not None and sha256_of(path) == hashlib.sha256(content).hexdigest()
     if same_content and not attributes_differ(info, uid, gid, mode):
         return False
+    if diffs is not None and entry.get("diff") and not same_content:
+        with open(path, "rb") if info is not None else open(os.devnull, "rb") as old:
+            diffs.append({"before_header": path, "after_header": path, "before": text_of(old.read()),
+                          "after": text_of(content)})
     if check_mode:
         return True
     if same_content:
@@ -145,6 +188,8 @@ def sync_file(entry, check_mode):
             out.write(content)
             out.flush()
             os.fsync(out.fileno())
+        if entry.get("validate"):
+            validate(entry["validate"], temporary, path)
         os.rename(temporary, path)
     except BaseException:
         try:
@@ -155,8 +200,22 @@ def sync_file(entry, check_mode):
     return True
 
 
-def sync(directories, files, check_mode):
-    """Directories first (files go into them), then files; the paths changed, in order."""
+def remove_file(path, check_mode):
+    """Remove a file (or a symlink, never its target) that should not be there; True when it was (or would be)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        raise FilesError("%s is a directory, not a file to remove: nothing was changed" % path)
+    if not check_mode:
+        os.unlink(path)
+    return True
+
+
+def sync(directories, files, check_mode, diffs=None, absent=()):
+    """Directories first (files go into them), then files, then the files to remove; the paths changed, in order.
+    diffs: see sync_file."""
     changed = []
     for entry in directories:
         if sync_directory(entry, check_mode):
@@ -165,9 +224,15 @@ def sync(directories, files, check_mode):
         parent = os.path.dirname(entry["dest"])
         if check_mode and parent in changed and not os.path.isdir(parent):
             changed.append(entry["dest"])  # its directory would be made first: the file would be new
+            if diffs is not None and entry.get("diff"):
+                diffs.append({"before_header": entry["dest"], "after_header": entry["dest"], "before": "",
+                              "after": text_of(base64.b64decode(entry["content"]))})
             continue
-        if sync_file(entry, check_mode):
+        if sync_file(entry, check_mode, diffs):
             changed.append(entry["dest"])
+    for path in absent:
+        if remove_file(path, check_mode):
+            changed.append(path)
     return changed
 
 
@@ -186,15 +251,23 @@ def main():
                 owner=dict(type="str", default="root"),
                 group=dict(type="str", default="root"),
                 mode=dict(type="raw", default="0644"),
+                validate=dict(type="str"),
+                diff=dict(type="bool", default=False),
             )),
+            absent=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
+    diffs = [] if module._diff else None
     try:
-        changed = sync(module.params["directories"], module.params["files"], module.check_mode)
+        changed = sync(module.params["directories"], module.params["files"], module.check_mode, diffs,
+                       module.params["absent"])
     except (FilesError, OSError) as error:
         module.fail_json(msg=str(error), changed_paths=[])
-    module.exit_json(changed=bool(changed), changed_paths=changed)
+    result = dict(changed=bool(changed), changed_paths=changed)
+    if diffs:
+        result["diff"] = diffs
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":
