@@ -254,3 +254,45 @@ def test_the_simulator_installs_every_file_of_its_package():
     listed = yaml.safe_load(open(os.path.join(ROOT, "roles", "lab_gpu_simulator", "vars", "main.yml")))
     assert sorted(listed["_lab_gpu_simulator_package_files"]) == present, \
         "roles/lab_gpu_simulator/vars/main.yml _lab_gpu_simulator_package_files must list the package's files"
+
+
+def run_play(tmp_path, play, *options):
+    """ansible-playbook on localhost with roles/service's module and action plugin, as a role that imports
+    roles/service has them; returns (rc, output)."""
+    import subprocess
+    import yaml
+    (tmp_path / "templates").mkdir(exist_ok=True)
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LIBRARY=os.path.join(ROOT, "roles", "service", "library"),
+               ANSIBLE_ACTION_PLUGINS=os.path.join(ROOT, "roles", "service", "action_plugins"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / ".ansible-tmp"))
+    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
+                             "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+                             str(tmp_path / "play.yml"), *options],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_through_ansible_a_rendered_unit_is_diffed_in_check_mode_and_a_failing_validate_stops_the_task(tmp_path):
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "x.service.j2").write_text("[Service]\nExecStart={{ exec }}\n")
+    unit = tmp_path / "x.service"
+    unit.write_text("[Service]\nExecStart=/old\n")
+    task = {"hpcobs_files": {"files": [{"dest": str(unit), "content": "{{ lookup('ansible.builtin.template', "
+                                        "'x.service.j2') }}", "owner": ME, "group": MY_GROUP, "mode": "0644",
+                                        "diff": True}]}}
+    play = [{"hosts": "localhost", "gather_facts": False, "vars": {"exec": "/usr/local/bin/x"}, "tasks": [task]}]
+    rc, out = run_play(tmp_path, play, "--check", "--diff")
+    assert rc == 0, out
+    assert "-ExecStart=/old" in out and "+ExecStart=/usr/local/bin/x" in out, out
+    assert unit.read_text() == "[Service]\nExecStart=/old\n", "check mode wrote nothing"
+    rc, out = run_play(tmp_path, play)
+    assert rc == 0 and "changed=1" in out, out
+    assert unit.read_text() == "[Service]\nExecStart=/usr/local/bin/x\n"
+    rc, out = run_play(tmp_path, play)
+    assert rc == 0 and "changed=0" in out, out
+    task["hpcobs_files"]["files"][0]["validate"] = "/bin/sh -c 'echo refused by the check >&2; exit 1' v %s"
+    rc, out = run_play(tmp_path, [dict(play[0], vars={"exec": "/bad"})])
+    assert rc != 0 and "the new content was not installed: /bin/sh exited 1: refused by the check" in out, out
+    assert unit.read_text() == "[Service]\nExecStart=/usr/local/bin/x\n", "the old unit stays"
