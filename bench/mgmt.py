@@ -1013,25 +1013,25 @@ def prometheus_config(scrape_yml: Path, rules_dir: Path, dest: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ one run
-def render_all(work: Path, nodes: int) -> tuple[Path, Path]:
+def render_all(work: Path, nodes: int, rule_vars: dict | None = None) -> tuple[Path, Path]:
     from tooling import render_scrape_config
     from test_rules import render as render_rules
 
     etc = render_scrape_config(work / "render", inventory(nodes), RENDER_VARS)
     rules = work / "rules"
     rules.mkdir()
-    render_rules(rules, {})
+    render_rules(rules, rule_vars or {})
     return etc, rules
 
 
 def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hpcobs-bench-mgmt-", dir=args.workdir))
     record = {"nodes": args.nodes, "run": run, "history_s": args.history, "backfill_step_s": args.backfill_step,
-              "live_s": args.live, "warmup_s": args.warmup, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+              "live_s": args.live, "warmup_s": args.warmup, "rule_vars": args.rule_vars, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
     processes: dict[str, subprocess.Popen] = {}
     try:
-        etc, rules = render_all(work, args.nodes)
+        etc, rules = render_all(work, args.nodes, args.rule_vars)
         targets = served_targets(etc / "file_sd")
         record["targets"] = {job: sum(1 for t in targets if t[0] == job) for job in SERVED_JOBS}
         ref = time.time()
@@ -1371,6 +1371,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="20 nodes, 1 h of history, ~1 min live")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
+    parser.add_argument("--rule-vars", type=json.loads, default={}, metavar="JSON",
+                        help="vmalert role settings for the rules, e.g. '{\"vmalert_rules_concurrency\": 1}' (an A/B "
+                             "of a rule setting; recorded with the run)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
@@ -1381,7 +1384,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.nodes, args.runs, args.history, args.backfill_step = [20], 1, 3600, 60
         args.warmup, args.live, args.repeat, args.prometheus_warmup, args.prometheus_live = 15, 30, 1, 10, 20
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the binaries it unpacks there run from the run's own directory
     out.mkdir(parents=True, exist_ok=True)
     bins = binaries(out / "bin")
     debian = debian_prometheus(out / "debian")
