@@ -25,6 +25,7 @@ management host, 127.2.x.y: the GPU nodes):
   bench/mgmt.py --nodes 1000 [--runs 3]        results in .cache/bench/mgmt/results.json
   bench/mgmt.py report                         Markdown tables and the plots in docs/performance
   bench/mgmt.py --smoke                         20 nodes, 1 h of history, about 1 min live (under 2 min)
+  bench/mgmt.py --rule-vars '{"vmalert_rules_concurrency": 1}' --out DIR   an A/B of a rule setting
 """
 from __future__ import annotations
 
