@@ -938,9 +938,10 @@ def scrape_p99(vm_url: str, start: float, end: float) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------------------------ dashboards
-def dashboard_timings(vm_url: str, repeat: int, span_s: int = 86400) -> list[dict]:
+def dashboard_timings(vm_url: str, repeat: int, span_s: int = 86400, variables_wait_s: float = 120) -> list[dict]:
     """Every panel query of every shipped dashboard over the last span_s seconds, `repeat` times each, bypassing
-    VictoriaMetrics' result cache (nocache=1): wall milliseconds per query (request, answer and JSON decoding)."""
+    VictoriaMetrics' result cache (nocache=1): wall milliseconds per query (request, answer and JSON decoding). A
+    dashboard whose variables list nothing yet is retried until variables_wait_s after the start."""
     import queries
 
     class Uncached(queries.VictoriaMetrics):
@@ -949,13 +950,22 @@ def dashboard_timings(vm_url: str, repeat: int, span_s: int = 86400) -> list[dic
 
     vm = Uncached(vm_url, timeout=120)
     out = []
+    # A variable read from a recording rule's series (the job and account boards) lists nothing until vmalert has
+    # evaluated its group and written the result: a short run waits for it rather than report empty panels.
+    deadline = time.monotonic() + variables_wait_s
     for name, model in queries.load_dashboards().items():
         model = dict(model, time={"from": "now-%ds" % span_s, "to": "now"})
-        try:
-            values = queries.resolve_variables(model, vm)
-        except queries.HarnessError as exc:
-            values = None
-            say("dashboard %s: %s" % (name, exc))
+        while True:
+            try:
+                values = queries.resolve_variables(model, vm)
+                break
+            except queries.HarnessError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(5)
+                    continue
+                values = None
+                say("dashboard %s: %s" % (name, exc))
+                break
         for query in queries.panel_queries(model, name):
             times, series, error = [], 0, ""
             for _ in range(repeat):
