@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hostchecks import assert_runs_as_its_own_user, unit_property
-from nodeexp import scrape
+from nodeexp import SECURED, is_secured, scrape
 
 SCENARIO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT = os.path.dirname(os.path.dirname(SCENARIO))
@@ -128,3 +128,36 @@ def test_site_preflight_refuses_a_control_character_in_grafana_ini(host):
     assert re.search(r'grafana_ini\[\\?"server\\?"\]\[\\?"domain\\?"\] has a control character, line feed '
                      r'\(U\+000A\), at position 16', output), output[-3000:]
     assert "Verify the bundle" not in output  # stopped in the first play, before the bundle or any host is touched
+
+
+PROBE_BANNER = "TASK [service : Wait until the service answers /metrics]"
+
+
+def test_rerun_probes_a_service_only_when_it_started_it(host):
+    """A rerun on the converged host does not ask the untouched service again; with hpcobs_ready_check_every_run it
+    does, and a service systemd still sees active but that no longer answers (SIGSTOP) fails the run, naming it; a
+    service found stopped is started and probed. On the secured host: the probe asks over HTTPS with the credential."""
+    if not is_secured(host):
+        pytest.skip("proved on the secured host (%s): the probe there asks as a client must" % SECURED)
+    converge = os.path.join(SCENARIO, "converge.yml")
+    rc, output = playbook(host, converge, {})
+    assert rc == 0 and re.search(r"changed=0 .*failed=0", output), output[-3000:]
+    assert PROBE_BANNER not in output, "a no-op rerun probed node_exporter"
+
+    host.check_output("systemctl kill -s SIGSTOP node_exporter.service")
+    try:
+        assert host.service("node_exporter").is_running
+        rc, output = playbook(host, converge, {"hpcobs_ready_check_every_run": True, "node_exporter_ready_timeout": 4,
+                                               "service_ready_request_timeout": 2})
+    finally:
+        host.check_output("systemctl kill -s SIGCONT node_exporter.service")
+    assert rc != 0, output[-3000:]
+    assert PROBE_BANNER in output
+    assert "node_exporter on %s was not ready within 4 s" % SECURED in output, output[-3000:]
+
+    host.check_output("systemctl stop node_exporter.service")
+    rc, output = playbook(host, converge, {})
+    assert rc == 0 and re.search(r"changed=1 .*failed=0", output), output[-3000:]
+    assert PROBE_BANNER in output, "node_exporter was started but not probed"
+    assert host.service("node_exporter").is_running
+    scrape(host)
