@@ -321,6 +321,8 @@ def test_unpack_verified_checks_binaries_every_time(tmp_path, signed):
     entry = signed.entry()
     first = check.unpack_verified(os.path.join(signed.dir, signed.path), str(cache), entry)
     assert first["changed"] and open(first["sources"]["node_exporter"], "rb").read() == b"#!/bin/sh\necho real\n"
+    # what the hosts' copies are compared with (roles/artifact install)
+    assert first["sha256"] == {"node_exporter": hashlib.sha256(b"#!/bin/sh\necho real\n").hexdigest()}
     assert not check.unpack_verified(os.path.join(signed.dir, signed.path), str(cache), entry)["changed"]
     # an unpack cache left by an older, unchecked unpacker holds a link to a controller secret
     binary = first["sources"]["node_exporter"]

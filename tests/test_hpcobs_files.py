@@ -296,3 +296,89 @@ def test_through_ansible_a_rendered_unit_is_diffed_in_check_mode_and_a_failing_v
     rc, out = run_play(tmp_path, [dict(play[0], vars={"exec": "/bad"})])
     assert rc != 0 and "the new content was not installed: /bin/sh exited 1: refused by the check" in out, out
     assert unit.read_text() == "[Service]\nExecStart=/usr/local/bin/x\n", "the old unit stays"
+
+
+def binary(dest, data, mode="0755", src=None):
+    item = {"dest": str(dest), "sha256": __import__("hashlib").sha256(data).hexdigest(), "owner": ME,
+            "group": MY_GROUP, "mode": mode}
+    if src:
+        item["src"] = str(src)
+    return item
+
+
+def test_a_binary_that_differs_is_named_for_transfer_then_installed_from_what_was_sent(tmp_path):
+    program, sent = tmp_path / "bin" / "node_exporter", tmp_path / "sent"
+    sent.write_bytes(b"\x7fELF new")
+    transfer = []
+    assert MODULE.sync([], [], False, binaries=[binary(program, b"\x7fELF new")], transfer=transfer) == []
+    assert transfer == [str(program)] and not program.exists(), "the first run only names what must be sent"
+    assert MODULE.sync([], [], False, binaries=[binary(program, b"\x7fELF new", src=sent)]) == [str(program)]
+    assert program.read_bytes() == b"\x7fELF new" and stat.S_IMODE(os.stat(program).st_mode) == 0o755
+    transfer = []
+    assert MODULE.sync([], [], False, binaries=[binary(program, b"\x7fELF new")], transfer=transfer) == []
+    assert transfer == [], "a converged host sends nothing"
+    os.chmod(program, 0o777)
+    assert MODULE.sync([], [], False, binaries=[binary(program, b"\x7fELF new")], transfer=transfer) == [str(program)]
+    assert transfer == [] and stat.S_IMODE(os.stat(program).st_mode) == 0o755, "a wrong mode is fixed in place"
+    assert sorted(os.listdir(program.parent)) == ["node_exporter"], "no temporary file is left behind"
+
+
+def test_a_binary_that_arrives_damaged_is_not_installed_and_the_old_one_stays(tmp_path):
+    program, sent = tmp_path / "promtail", tmp_path / "sent"
+    program.write_bytes(b"old")
+    sent.write_bytes(b"truncated")
+    with pytest.raises(MODULE.FilesError, match="the file received has sha256 .* not the .* expected"):
+        MODULE.sync([], [], False, binaries=[binary(program, b"the real one", src=sent)])
+    assert program.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["promtail", "sent"]
+
+
+def test_a_binary_in_check_mode_or_behind_a_symlink_or_without_a_digest(tmp_path):
+    program = tmp_path / "alloy"
+    program.write_bytes(b"old")
+    transfer = []
+    assert MODULE.sync([], [], True, binaries=[binary(program, b"new")], transfer=transfer) == [str(program)]
+    assert transfer == [] and program.read_bytes() == b"old"
+    link = tmp_path / "link"
+    link.symlink_to(program)
+    with pytest.raises(MODULE.FilesError, match="exists and is not a regular file"):
+        MODULE.sync([], [], False, binaries=[binary(link, b"new", src=program)])
+    with pytest.raises(MODULE.FilesError, match="is not a sha256 digest"):
+        MODULE.sync([], [], False, binaries=[dict(binary(program, b"x"), sha256="abc")])
+
+
+def test_through_ansible_binaries_are_sent_only_when_they_differ(tmp_path):
+    source = tmp_path / "cache" / "vmagent-prod"
+    source.parent.mkdir()
+    source.write_bytes(b"\x7fELF vmagent" * 1000)
+    dest = tmp_path / "bin" / "vmagent"
+    entry = binary(dest, source.read_bytes(), src=source)
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"hpcobs_files": {"binaries": [entry]},
+                                                                     "register": "out"},
+                                                                    {"debug": {"var": "out.transfer"}}]}]
+    rc, out = run_play(tmp_path, play, "--check")
+    assert rc == 0 and "changed=1" in out and not dest.exists(), out
+    rc, out = run_play(tmp_path, play)
+    assert rc == 0 and "changed=1" in out, out
+    assert dest.read_bytes() == source.read_bytes()
+    rc, out = run_play(tmp_path, play)
+    assert rc == 0 and "changed=0" in out and 'out.transfer: []' in out, out
+    source.write_bytes(b"altered after the unpack step")
+    dest.unlink()
+    rc, out = run_play(tmp_path, play)
+    assert rc != 0 and "not the %s expected" % entry["sha256"] in out, out
+    assert not dest.exists()
+    rc, out = run_play(tmp_path, [dict(play[0], tasks=[{"hpcobs_files": {"binaries": [dict(entry, src="/nonexistent")]}}])])
+    assert rc != 0 and "its source /nonexistent is not a file on the controller" in out, out
+
+
+def test_the_binaries_of_an_unpacked_archive():
+    archive = {"sources": {"vmagent": "/c/1/vmagent-prod", "vmauth": "/c/1/vmauth-prod"},
+               "sha256": {"vmagent": "a" * 64, "vmauth": "b" * 64}}
+    import hpcobs_bundle
+    assert hpcobs_bundle.artifact_binaries(archive, "/usr/local/bin/", ["vmauth"]) == [
+        {"dest": "/usr/local/bin/vmauth", "src": "/c/1/vmauth-prod", "sha256": "b" * 64, "owner": "root",
+         "group": "root", "mode": "0755"}]
+    assert [item["dest"] for item in hpcobs_bundle.artifact_binaries(archive, "/opt/bin", [])] == [
+        "/opt/bin/vmagent", "/opt/bin/vmauth"]
+    with pytest.raises(hpcobs_bundle.AnsibleFilterError, match="names vmalert, which the archive does not have"):
+        hpcobs_bundle.artifact_binaries(archive, "/usr/local/bin", ["vmalert"])

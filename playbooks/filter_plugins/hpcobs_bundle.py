@@ -383,6 +383,20 @@ def missing_summary(manifest):
     return ["%s (%s)" % (name, ", ".join(sorted(archs))) for name, archs in sorted(lines.items())]
 
 
+def artifact_binaries(archive, bin_dir, names=()):
+    """What hpcobs_files installs of an unpacked archive (the unpack step's outcome: sources and sha256 per binary
+    name): [{dest, src, sha256, owner, group, mode}], root's 0755 programs in bin_dir; names: those of the archive's
+    binaries to install (empty: all). A name the archive does not have is an error, not skipped silently."""
+    sources, digests = archive.get("sources", {}), archive.get("sha256", {})
+    unknown = sorted(set(names or ()) - set(sources))
+    if unknown:
+        raise AnsibleFilterError("artifact_binaries names %s, which the archive does not have (it has: %s)"
+                                 % (", ".join(unknown), ", ".join(sorted(sources))))
+    return [{"dest": "%s/%s" % (bin_dir.rstrip("/"), name), "src": sources[name], "sha256": digests[name],
+             "owner": "root", "group": "root", "mode": "0755"}
+            for name in sorted(sources) if not names or name in names]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -399,4 +413,5 @@ class FilterModule:
             "hpcobs_dashboard_missing": dashboard_missing,
             "hpcobs_collection_entries": collection_entries,
             "hpcobs_installed_collection": installed_collection,
+            "hpcobs_artifact_binaries": artifact_binaries,
         }

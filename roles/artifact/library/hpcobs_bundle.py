@@ -42,7 +42,7 @@ RETURN = r"""
 manifest: {description: The checked manifest (step=check), type: dict, returned: success}
 signer: {description: Principal whose key signed SHA256SUMS, or null, type: str, returned: success}
 signed: {description: Whether the signature verified, type: bool, returned: success}
-unpacked: {description: Per archive sha256, its directory and binary sources (step=unpack), type: dict, returned: success}
+unpacked: {description: Per archive sha256, its directory, binary sources and their sha256 (step=unpack), type: dict, returned: success}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -413,7 +413,8 @@ def safe_extract(path, dest, strip=""):
 
 
 def unpack_verified(archive_path, cache_root, entry):
-    """Unpack a verified archive into <cache_root>/<sha256>/ once, then check its binaries; return their sources.
+    """Unpack a verified archive into <cache_root>/<sha256>/ once, then check its binaries; return their sources and
+    the sha256 of each (what the hosts' copies are compared with).
 
     The binaries' sources must be regular files (not links) that resolve inside the unpacked directory; each call
     checks this again, so an unpack cache from an older run is not trusted blindly.
@@ -438,7 +439,14 @@ def unpack_verified(archive_path, cache_root, entry):
         if os.path.islink(full) or not os.path.isfile(full):
             raise BundleError("%s has no regular file %s for binary %s" % (entry["path"], src, name))
         sources[name] = full
-    return {"changed": changed, "dir": target, "sources": sources}
+    digests = {}
+    for name, full in sources.items():
+        digest_of = hashlib.sha256()
+        with open(full, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest_of.update(block)
+        digests[name] = digest_of.hexdigest()
+    return {"changed": changed, "dir": target, "sources": sources, "sha256": digests}
 
 
 def unbundle(tarball, dest, allowed_signers, allow_unsigned=False):

@@ -5,6 +5,11 @@ Each entry of `files` has `dest` and either `src` (a file on the controller, e.g
 only reported what it would make) is left out and named in `skipped`; in a real run it is an error, raised before
 the host is touched. Contents travel to the module base64-encoded in its arguments (stdin with pipelining, never
 argv) and the module's option is no_log: they are never in the result, the log or a diff.
+
+`binaries` ({dest, src, sha256, owner, group, mode}) are large files (programs): the first module run compares each
+with its sha256 on the host and names those that differ; only those are sent (into Ansible's temporary directory on
+the host), and a second run installs them, checking the sha256 of what arrived. A converged host costs one module
+run for all of them, not a stat and a file run per program.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from ansible.plugins.action import ActionBase
 
 FILE_KEYS = {"dest", "src", "content", "owner", "group", "mode", "validate", "diff"}
 DIRECTORY_KEYS = {"path", "owner", "group", "mode"}
+BINARY_KEYS = {"dest", "src", "sha256", "owner", "group", "mode"}
 
 
 def check_entries(entries, allowed, required, what):
@@ -60,7 +66,7 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("directories", "files", "absent"))
+    _VALID_ARGS = frozenset(("directories", "files", "absent", "binaries"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -72,6 +78,14 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("hpcobs_files: absent must be a list of absolute paths, got %r" % (absent,))
         check_entries(directories, DIRECTORY_KEYS, "path", "directories")
         check_entries(files, FILE_KEYS, "dest", "files")
+        binaries = self._task.args.get("binaries", [])
+        check_entries(binaries, BINARY_KEYS, "dest", "binaries")
+        for binary in binaries:
+            if not binary.get("src") or not binary.get("sha256"):
+                raise AnsibleActionFail("hpcobs_files: binary %s needs src and sha256" % binary["dest"])
+            if not os.path.isfile(binary["src"]):
+                raise AnsibleActionFail("hpcobs_files: %s: its source %s is not a file on the controller (nothing "
+                                        "was changed on the host)" % (binary["dest"], binary["src"]))
 
         def read(src):
             path = src if os.path.isabs(src) else self._find_needle("files", src)
@@ -82,11 +96,40 @@ class ActionModule(ActionBase):
                 return None
 
         encoded, skipped = encode_files(files, self._task.check_mode, read)
+        compare = [{key: value for key, value in binary.items() if key != "src"} for binary in binaries]
         module = self._execute_module(module_name="hpcobs_files",
-                                      module_args={"directories": directories, "files": encoded, "absent": absent},
+                                      module_args={"directories": directories, "files": encoded, "absent": absent,
+                                                   "binaries": compare},
                                       task_vars=task_vars)
         module.pop("invocation", None)
+        if not module.get("failed") and module.get("transfer"):
+            module = self._send(binaries, module, task_vars)
         result.update(module)
         if skipped:
             result["skipped_paths"] = skipped
         return result
+
+    def _send(self, binaries, first, task_vars):
+        """Send the binaries the first run named into the host's temporary directory, install them in a second run,
+        remove the temporary directory; the result of both runs."""
+        wanted = set(first["transfer"])
+        shell = self._connection._shell
+        if not shell.tmpdir:
+            self._make_tmp_path()
+        try:
+            sent = []
+            for index, binary in enumerate(binaries):
+                if binary["dest"] in wanted:
+                    remote = shell.join_path(shell.tmpdir, "binary-%d" % index)
+                    self._transfer_file(binary["src"], remote)
+                    sent.append(dict(binary, src=remote))
+            self._fixup_perms2([shell.tmpdir] + [binary["src"] for binary in sent])
+            second = self._execute_module(module_name="hpcobs_files", module_args={"binaries": sent},
+                                          task_vars=task_vars)
+        finally:
+            self._remove_tmp_path(shell.tmpdir)
+        second.pop("invocation", None)
+        paths = first.get("changed_paths", []) + second.get("changed_paths", [])
+        merged = dict(first, **second)
+        merged.update(changed=bool(paths), changed_paths=paths, transfer=first["transfer"])
+        return merged

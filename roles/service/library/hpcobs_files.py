@@ -38,11 +38,22 @@ options:
     default: []
     description: "Files removed when they exist (after the files above): a symlink is removed, not followed; a
       directory is refused."
+  binaries:
+    type: list
+    elements: dict
+    default: []
+    description:
+      - "C({dest, sha256, owner, group, mode, src}): large files (programs) compared by their sha256 on the host, so
+        their content does not travel in the arguments. One without C(src) that differs is only named in
+        C(transfer) (the action plugin then sends it); with C(src), a file the action plugin sent into its
+        temporary directory, it is installed atomically like a file of I(files) once its sha256 is the one
+        expected."
 """
 
 RETURN = r"""
 changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
 diff: {description: "With --diff, before and after of each changed file marked C(diff)", type: list, returned: with --diff}
+transfer: {description: "Binaries whose content differs and that came without C(src): the action plugin sends them", type: list, returned: always}
 """
 
 import base64
@@ -51,6 +62,7 @@ import hashlib
 import os
 import pwd
 import shlex
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -178,18 +190,28 @@ def sync_file(entry, check_mode, diffs=None):
         os.chown(path, uid, gid, follow_symlinks=False)
         os.chmod(path, mode)
         return True
+    replace(path, uid, gid, mode, lambda out: out.write(content), entry.get("validate"))
+    return True
+
+
+def replace(path, uid, gid, mode, write, validate_command=None, sha256=None):
+    """Replace path atomically by what write(handle) writes: a temporary file in the same directory, owner and mode
+    set before a single byte is written (a key is never readable by others, not even briefly), fsync, then the
+    validate command and the expected sha256 (when given) checked before the rename; the old file stays otherwise."""
     directory = os.path.dirname(path) or "."
     handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
-        # Owner and mode before a single byte is written: a key is never readable by others, not even briefly.
         os.fchown(handle, uid, gid)
         os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as out:
-            out.write(content)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
-        if entry.get("validate"):
-            validate(entry["validate"], temporary, path)
+        if validate_command:
+            validate(validate_command, temporary, path)
+        if sha256 is not None and sha256_of(temporary) != sha256:
+            raise FilesError("%s: the file received has sha256 %s, not the %s expected: not installed, the old file "
+                             "is unchanged" % (path, sha256_of(temporary), sha256))
         os.rename(temporary, path)
     except BaseException:
         try:
@@ -197,6 +219,43 @@ def sync_file(entry, check_mode, diffs=None):
         except FileNotFoundError:
             pass
         raise
+
+
+def sync_binary(entry, check_mode, transfer):
+    """A large file compared by sha256: True when it was (or would be) changed; one that differs and came without
+    src is appended to transfer instead (the action plugin sends it, then calls again with src)."""
+    path = entry["dest"]
+    mode = parse_mode(entry.get("mode", "0755"), path)
+    uid, gid = owner_ids(entry.get("owner", "root"), entry.get("group", "root"), path, check_mode)
+    expected = str(entry.get("sha256") or "").lower()
+    if len(expected) != 64 or any(char not in "0123456789abcdef" for char in expected):
+        raise FilesError("%s: sha256 %r is not a sha256 digest" % (path, entry.get("sha256")))
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise FilesError("%s exists and is not a regular file: nothing was changed; move it away first" % path)
+    same_content = info is not None and sha256_of(path) == expected
+    if same_content and not attributes_differ(info, uid, gid, mode):
+        return False
+    if check_mode:
+        return True
+    if same_content:
+        os.chown(path, uid, gid, follow_symlinks=False)
+        os.chmod(path, mode)
+        return True
+    source = entry.get("src")
+    if not source:
+        transfer.append(path)
+        return False
+
+    def write(out):
+        with open(source, "rb") as handle:
+            shutil.copyfileobj(handle, out, 1 << 20)
+
+    os.makedirs(os.path.dirname(path) or "/", 0o755, exist_ok=True)
+    replace(path, uid, gid, mode, write, sha256=expected)
     return True
 
 
@@ -213,10 +272,11 @@ def remove_file(path, check_mode):
     return True
 
 
-def sync(directories, files, check_mode, diffs=None, absent=()):
-    """Directories first (files go into them), then files, then the files to remove; the paths changed, in order.
-    diffs: see sync_file."""
+def sync(directories, files, check_mode, diffs=None, absent=(), binaries=(), transfer=None):
+    """Directories first (files go into them), then files, then binaries, then the files to remove; the paths
+    changed, in order. diffs: see sync_file; transfer: a list given the binaries to send (see sync_binary)."""
     changed = []
+    transfer = [] if transfer is None else transfer
     for entry in directories:
         if sync_directory(entry, check_mode):
             changed.append(entry["path"])
@@ -229,6 +289,11 @@ def sync(directories, files, check_mode, diffs=None, absent=()):
                               "after": text_of(base64.b64decode(entry["content"]))})
             continue
         if sync_file(entry, check_mode, diffs):
+            changed.append(entry["dest"])
+    for entry in binaries:
+        parent = os.path.dirname(entry["dest"])
+        if (check_mode and parent in changed and not os.path.isdir(parent)) or sync_binary(entry, check_mode,
+                                                                                             transfer):
             changed.append(entry["dest"])
     for path in absent:
         if remove_file(path, check_mode):
@@ -255,16 +320,25 @@ def main():
                 diff=dict(type="bool", default=False),
             )),
             absent=dict(type="list", elements="path", default=[]),
+            binaries=dict(type="list", elements="dict", default=[], options=dict(
+                dest=dict(type="path", required=True),
+                sha256=dict(type="str", required=True),
+                src=dict(type="path"),
+                owner=dict(type="str", default="root"),
+                group=dict(type="str", default="root"),
+                mode=dict(type="raw", default="0755"),
+            )),
         ),
         supports_check_mode=True,
     )
     diffs = [] if module._diff else None
+    transfer = []
     try:
         changed = sync(module.params["directories"], module.params["files"], module.check_mode, diffs,
-                       module.params["absent"])
+                       module.params["absent"], module.params["binaries"], transfer)
     except (FilesError, OSError) as error:
         module.fail_json(msg=str(error), changed_paths=[])
-    result = dict(changed=bool(changed), changed_paths=changed)
+    result = dict(changed=bool(changed), changed_paths=changed, transfer=transfer)
     if diffs:
         result["diff"] = diffs
     module.exit_json(**result)
