@@ -135,25 +135,42 @@ PROBE_BANNER = "TASK [service : Wait until the service answers /metrics]"
 
 def test_rerun_probes_a_service_only_when_it_started_it(host):
     """A rerun on the converged host does not ask the untouched service again; with hpcobs_ready_check_every_run it
-    does, and a service systemd still sees active but that no longer answers (SIGSTOP) fails the run, naming it; a
-    service found stopped is started and probed. On the secured host: the probe asks over HTTPS with the credential."""
+    does, and a service systemd still sees active but that no longer answers (SIGSTOP) fails the run, naming it. The
+    failure is remembered on the controller: the next plain rerun asks again (and fails while the service still does
+    not answer), the first that sees it answer forgets it, and the one after that does not ask. A service found
+    stopped is started and probed. On the secured host: the probe asks over HTTPS with the credential."""
     if not is_secured(host):
         pytest.skip("proved on the secured host (%s): the probe there asks as a client must" % SECURED)
     converge = os.path.join(SCENARIO, "converge.yml")
+    # the controller's memory of the failed probe (hpcobs_ready_state_dir: molecule.yml), <host>/<unit>_<path>
+    marker = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "not-ready", SECURED,
+                          "node_exporter.service_metrics")
+    short = {"node_exporter_ready_timeout": 4, "service_ready_request_timeout": 2}
     rc, output = playbook(host, converge, {})
     assert rc == 0 and re.search(r"changed=0 .*failed=0", output), output[-3000:]
     assert PROBE_BANNER not in output, "a no-op rerun probed node_exporter"
+    assert not os.path.exists(marker)
 
     host.check_output("systemctl kill -s SIGSTOP node_exporter.service")
     try:
         assert host.service("node_exporter").is_running
-        rc, output = playbook(host, converge, {"hpcobs_ready_check_every_run": True, "node_exporter_ready_timeout": 4,
-                                               "service_ready_request_timeout": 2})
+        rc, output = playbook(host, converge, dict(short, hpcobs_ready_check_every_run=True))
+        assert rc != 0, output[-3000:]
+        assert PROBE_BANNER in output
+        assert "node_exporter on %s was not ready within 4 s" % SECURED in output, output[-3000:]
+        assert os.path.isfile(marker), "the failed probe was not remembered"
+        # a plain rerun, nothing (re)started: the remembered failure makes it ask again, and it still fails
+        rc, output = playbook(host, converge, short)
+        assert rc != 0 and PROBE_BANNER in output, output[-3000:]
+        assert "node_exporter on %s was not ready within 4 s" % SECURED in output, output[-3000:]
     finally:
         host.check_output("systemctl kill -s SIGCONT node_exporter.service")
-    assert rc != 0, output[-3000:]
-    assert PROBE_BANNER in output
-    assert "node_exporter on %s was not ready within 4 s" % SECURED in output, output[-3000:]
+    rc, output = playbook(host, converge, {})
+    assert rc == 0 and re.search(r"changed=0 .*failed=0", output), output[-3000:]
+    assert PROBE_BANNER in output, "the rerun after a failed probe did not ask again"
+    assert not os.path.exists(marker), "a successful probe left the failure remembered"
+    rc, output = playbook(host, converge, {})
+    assert rc == 0 and PROBE_BANNER not in output, output[-3000:]
 
     host.check_output("systemctl stop node_exporter.service")
     rc, output = playbook(host, converge, {})
