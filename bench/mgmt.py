@@ -26,6 +26,7 @@ management host, 127.2.x.y: the GPU nodes):
   bench/mgmt.py report                         Markdown tables and the plots in docs/performance
   bench/mgmt.py --smoke                         20 nodes, 1 h of history, about 1 min live (under 2 min)
   bench/mgmt.py --rule-vars '{"vmalert_rules_concurrency": 1}' --out DIR   an A/B of a rule setting
+  bench/mgmt.py --scrape-vars '{"victoriametrics_dcgm_job_fields_extra": [...]}' --out DIR   ... of a scrape setting
 """
 from __future__ import annotations
 
@@ -580,6 +581,46 @@ def import_lines(series: list[tuple], metric_labels: dict, grid: list[float], i0
     return out
 
 
+def relabel(name: str, labels: dict, configs: list[dict]) -> tuple[str, dict] | None:
+    """One series through a job's metric_relabel_configs as Prometheus applies them (the actions the shipped jobs
+    use: replace, drop, keep, labeldrop); None when it is dropped. The history then has the series the scrapes
+    store (tests/test_bench_mgmt.py holds it to the real victoria-metrics' result)."""
+    current = dict(labels, __name__=name)
+    for config in configs:
+        action = config.get("action", "replace")
+        pattern = re.compile("^(?:%s)$" % config.get("regex", "(.*)"))
+        if action == "labeldrop":
+            current = {k: v for k, v in current.items() if not pattern.match(k)}
+            continue
+        value = config.get("separator", ";").join(current.get(label, "") for label in config.get("source_labels", []))
+        match = pattern.match(value)
+        if action == "drop" and match or action == "keep" and not match:
+            return None
+        if action == "replace" and match:
+            target = config["target_label"]
+            result = match.expand(re.sub(r"\$\{?(\w+)\}?", r"\\g<\1>", config.get("replacement", "$1")))
+            if result:
+                current[target] = result
+            else:
+                current.pop(target, None)
+        elif action not in ("replace", "drop", "keep"):
+            raise ValueError("relabel action %r is not simulated" % action)
+    name = current.pop("__name__")
+    return name, current
+
+
+def relabelled(series: list[tuple], configs: list[dict]) -> list[tuple]:
+    """The value-model series of one target after its job's metric_relabel_configs."""
+    if not configs:
+        return series
+    out = []
+    for name, labels, *rest in series:
+        kept = relabel(name, labels, configs)
+        if kept is not None:
+            out.append((kept[0], kept[1], *rest))
+    return out
+
+
 def segment_indexes(grid: list[float], start: float, end: float) -> tuple[int, int]:
     """Grid points within [start, end)."""
     import bisect
@@ -588,19 +629,23 @@ def segment_indexes(grid: list[float], start: float, end: float) -> tuple[int, i
 
 
 def backfill_node(targets_of_node, node: str, gen: Generator, grid: list[float], ref: float, cache: dict,
-                  types: dict) -> list[str]:
+                  types: dict, relabels: dict | None = None) -> list[str]:
     """Import lines of one node's targets over the grid: its job segments give the dcgm series' hpc_job and the
-    job info series."""
+    job info series; each job's metric_relabel_configs (`relabels`, by job) apply as they do to a scrape."""
     out = []
+    relabels = relabels or {}
     for job, host, port in targets_of_node:
         labels = {"job": job, "instance": "%s:%d" % (host, port), "node": node}
+        configs = relabels.get(job) or []
         out.extend(import_lines([_series("up", {}, "const", 1, integer=True)], labels, grid, 0, len(grid), ref,
                                 cache))
         if job in ("ipmi", "smartctl") or (job == "node" and not node.startswith("gpu")):
-            out.extend(import_lines(gen.static[node][job], labels, grid, 0, len(grid), ref, cache))
+            out.extend(import_lines(relabelled(gen.static[node][job], configs), labels, grid, 0, len(grid), ref,
+                                    cache))
             continue
         if job == "node":
-            out.extend(import_lines(gen.static[node]["node"], labels, grid, 0, len(grid), ref, cache))
+            out.extend(import_lines(relabelled(gen.static[node]["node"], configs), labels, grid, 0, len(grid), ref,
+                                    cache))
         sim, counter_list, hostname_label = gen.sim(node) if job == "dcgm" else (None, None, None)
         for slot in (0, 1):
             for start, end, jobid in gen.schedule.segments(node, slot, grid[-1] + 1):
@@ -617,7 +662,8 @@ def backfill_node(targets_of_node, node: str, gen: Generator, grid: list[float],
                 entities = [e for e in sim.visible_entities({}) if e.gpu.index in slot_gpus(slot)]
                 sim.tick(grid[i0], mapping, {})
                 body = render.render_metrics(counter_list, entities, mapping, node, hostname_label=hostname_label)
-                out.extend(import_lines(dcgm_series(body, types), labels, grid, i0, i1, ref, cache))
+                out.extend(import_lines(relabelled(dcgm_series(body, types), configs), labels, grid, i0, i1, ref,
+                                        cache))
     return out
 
 
@@ -638,8 +684,18 @@ def get(url: str, timeout: float = 60) -> bytes:
         return answer.read()
 
 
-def backfill(vm_url: str, targets, gen: Generator, start: float, end: float, step: float) -> dict:
-    """Import the history of every target; lines go out in ~16 MB bodies from two sender threads."""
+def job_relabels(scrape_yml: Path) -> dict[str, list]:
+    """Each job's metric_relabel_configs in a rendered scrape.yml."""
+    import yaml
+
+    config = yaml.safe_load(scrape_yml.read_text())
+    return {job["job_name"]: job.get("metric_relabel_configs") or [] for job in config.get("scrape_configs") or []}
+
+
+def backfill(vm_url: str, targets, gen: Generator, start: float, end: float, step: float,
+             relabels: dict | None = None) -> dict:
+    """Import the history of every target, through its job's metric_relabel_configs (`relabels`, by job); lines go
+    out in ~16 MB bodies from two sender threads."""
     import queue
 
     grid = [start + k * step for k in range(int((end - start) // step))]
@@ -664,7 +720,7 @@ def backfill(vm_url: str, targets, gen: Generator, start: float, end: float, ste
         thread.start()
     began, lines, size, chunk, pending, types, cache = time.monotonic(), 0, 0, [], 0, dcgm_types(), {}
     for node, node_targets in by_node.items():
-        new = backfill_node(node_targets, node, gen, grid, end, cache, types)
+        new = backfill_node(node_targets, node, gen, grid, end, cache, types, relabels)
         chunk.extend(new)
         pending += sum(map(len, new))
         if pending >= 16 * 2 ** 20:
@@ -1024,11 +1080,12 @@ def prometheus_config(scrape_yml: Path, rules_dir: Path, dest: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ one run
-def render_all(work: Path, nodes: int, rule_vars: dict | None = None) -> tuple[Path, Path]:
+def render_all(work: Path, nodes: int, rule_vars: dict | None = None,
+               scrape_vars: dict | None = None) -> tuple[Path, Path]:
     from tooling import render_scrape_config
     from test_rules import render as render_rules
 
-    etc = render_scrape_config(work / "render", inventory(nodes), RENDER_VARS)
+    etc = render_scrape_config(work / "render", inventory(nodes), {**RENDER_VARS, **(scrape_vars or {})})
     rules = work / "rules"
     rules.mkdir()
     render_rules(rules, rule_vars or {})
@@ -1038,11 +1095,12 @@ def render_all(work: Path, nodes: int, rule_vars: dict | None = None) -> tuple[P
 def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hpcobs-bench-mgmt-", dir=args.workdir))
     record = {"nodes": args.nodes, "run": run, "history_s": args.history, "backfill_step_s": args.backfill_step,
-              "live_s": args.live, "warmup_s": args.warmup, "rule_vars": args.rule_vars, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+              "live_s": args.live, "warmup_s": args.warmup, "rule_vars": args.rule_vars,
+              "scrape_vars": args.scrape_vars, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
     processes: dict[str, subprocess.Popen] = {}
     try:
-        etc, rules = render_all(work, args.nodes, args.rule_vars)
+        etc, rules = render_all(work, args.nodes, args.rule_vars, args.scrape_vars)
         targets = served_targets(etc / "file_sd")
         record["targets"] = {job: sum(1 for t in targets if t[0] == job) for job in SERVED_JOBS}
         ref = time.time()
@@ -1066,7 +1124,8 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
         say("run %d: %d targets; backfilling %d s of history at a %d s step ..."
             % (run, len(targets), args.history, args.backfill_step))
         gen = Generator(targets, args.seed + run, ref)
-        record["backfill"] = backfill(vm_url, targets, gen, ref - args.history, ref, args.backfill_step)
+        record["backfill"] = backfill(vm_url, targets, gen, ref - args.history, ref, args.backfill_step,
+                                      job_relabels(etc / "scrape.yml"))
         say("run %d: backfill %s" % (run, record["backfill"]))
         deadline = time.monotonic() + 300
         while not ready.exists():
@@ -1385,6 +1444,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rule-vars", type=json.loads, default={}, metavar="JSON",
                         help="vmalert role settings for the rules, e.g. '{\"vmalert_rules_concurrency\": 1}' (an A/B "
                              "of a rule setting; recorded with the run)")
+    parser.add_argument("--scrape-vars", type=json.loads, default={}, metavar="JSON",
+                        help="victoriametrics role settings for the scrape configuration, e.g. "
+                             "'{\"victoriametrics_scrape_jobs_overrides\": {\"dcgm\": {\"config\": "
+                             "{\"metric_relabel_configs\": []}}}}' (an A/B of a scrape setting; recorded with the run)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)

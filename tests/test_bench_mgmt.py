@@ -166,6 +166,25 @@ def test_backfill_lines_carry_the_scrape_labels_and_the_job_segments(generator):
     assert energy and all(r["values"] == sorted(r["values"]) for r in energy)
 
 
+def test_backfill_applies_the_jobs_relabelling_as_a_scrape_does(generator):
+    sys.path.insert(0, str(REPO / "playbooks" / "filter_plugins"))
+    import hpcobs_service
+
+    fields = set(hpcobs_service.shared_fact("gpu_job_fields"))
+    relabels = {"dcgm": hpcobs_service.job_label_relabel(sorted(fields)),
+                "node": [{"source_labels": ["__name__"], "regex": "node_cpu_seconds_total", "action": "drop"}]}
+    grid = [REF - 3 * 86400 + 3600 * k for k in range(72)]
+    lines = mgmt.backfill_node([("dcgm", "127.2.0.1", 9400), ("node", "127.2.0.1", 9100)], "gpu0001", generator,
+                               grid, REF, {}, mgmt.dcgm_types(), relabels)
+    rows = [json.loads(line)["metric"] for line in lines]
+    dcgm = [r for r in rows if r["job"] == "dcgm" and r["__name__"].startswith("DCGM_")]
+    with_job = {r["__name__"] for r in dcgm if "hpc_job" in r}
+    assert with_job == fields  # the schedule has jobs in these 3 days: every kept field carries them
+    assert {r["__name__"] for r in dcgm} > fields
+    assert not any(r["__name__"] == "node_cpu_seconds_total" for r in rows)
+    assert any(r["__name__"] == "hpcobs_slurm_job_info" for r in rows)
+
+
 def test_segment_indexes():
     grid = [0, 10, 20, 30]
     assert mgmt.segment_indexes(grid, 5, 25) == (1, 3)

@@ -9,7 +9,10 @@ Test files are plain vmalert-tool unittest files with two conveniences:
 - `rule_files` name rendered files by their base name (e.g. hpcobs-gpu.yml); they are resolved to the
   rendered directory here;
 - an expected alert may omit annotations whose text has no Go template (description, runbook): they are
-  constants of the rule and are copied from the rendered rule. Templated ones (summary) must be spelled out.
+  constants of the rule and are copied from the rendered rule. Templated ones (summary) must be spelled out;
+- input series are what the exporters serve: dcgm-exporter fields outside the shared gpu_job_fields lose `hpc_job`
+  here, as the victoriametrics role's dcgm job removes it at scrape time (copies of one GPU's field that become one
+  series must have the same values, as a real GPU's have).
 
 Tools: HPCOBS_TOOLS_BIN (a directory) if set, else <repo>/.cache/tools/bin, else PATH. A missing tool fails.
 """
@@ -282,9 +285,91 @@ def test_docs_describe_every_rule(rendered):
 
 
 # ------------------------------------------------------------------------------------------- unit tests
+SERIES = re.compile(r'^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{(.*)\}\s*$', re.S)
+LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def as_stored(test_file: Path, series: list[dict]) -> list[dict]:
+    """Input series as VictoriaMetrics stores them: the dcgm job's relabelling (hpc_job kept on the shared
+    gpu_job_fields only) applied to the DCGM fields; copies that become one series are merged (their values must
+    agree)."""
+    sys.path.insert(0, str(REPO / "playbooks" / "filter_plugins"))
+    import hpcobs_service
+
+    kept = set(hpcobs_service.shared_fact("gpu_job_fields"))
+    out, seen = [], {}
+    for entry in series:
+        match = SERIES.match(entry["series"])
+        if not match or not match.group(1).startswith("DCGM_FI_") or match.group(1) in kept:
+            out.append(entry)
+            continue
+        body = match.group(2)
+        labels = LABEL.findall(body)
+        assert "".join(m.group(0) for m in LABEL.finditer(body)).strip() == body.strip().rstrip(","), \
+            f"{test_file.name}: cannot read the labels of {entry['series']!r}"
+        labels = [(k, v) for k, v in labels if k != "hpc_job"]
+        text = "%s{%s}" % (match.group(1), ", ".join('%s="%s"' % kv for kv in labels))
+        key = (match.group(1), tuple(sorted(labels)))
+        if key in seen:
+            first = seen[key]
+            try:
+                first["values"] = merge_values(first["values"], entry["values"])
+            except ValueError as exc:
+                raise AssertionError(f"{test_file.name}: {text} is stored once per GPU (no hpc_job on it), but its "
+                                     f"job copies disagree: {exc}") from None
+            continue
+        seen[key] = dict(entry, series=text)
+        out.append(seen[key])
+    return out
+
+
+def expand_values(text) -> list:
+    """A vmalert-tool (promtool) values string as a list: floats, None for a missing sample, "stale"."""
+    out = []
+    for token in str(text).split():
+        if token == "stale":
+            out.append("stale")
+            continue
+        if token == "_":
+            out.append(None)
+            continue
+        found = re.fullmatch(r"_x(\d+)", token)
+        if found:
+            out.extend([None] * int(found.group(1)))
+            continue
+        found = re.fullmatch(r"([-+]?[0-9.eE+-]+?)(?:([-+])([0-9.eE+-]+))?x(\d+)", token)
+        if found:
+            start, sign, step, count = found.groups()
+            step = float(step or 0) * (-1 if sign == "-" else 1)
+            out.extend(float(start) + k * step for k in range(int(count) + 1))
+            continue
+        out.append(float(token))
+    return out
+
+
+def merge_values(first, second) -> str:
+    """Two job copies of one GPU's field as the one series the store keeps: at each step a sample wins over a stale
+    marker, a stale marker over a missing sample; two different samples at one step are refused."""
+    a, b = expand_values(first), expand_values(second)
+    merged = []
+    for k in range(max(len(a), len(b))):
+        x = a[k] if k < len(a) else None
+        y = b[k] if k < len(b) else None
+        if isinstance(x, float) and isinstance(y, float) and x != y:
+            raise ValueError("step %d has %s and %s (%r, %r)" % (k, x, y, first, second))
+        if isinstance(x, float) or x == "stale" and not isinstance(y, float):
+            merged.append(x)
+        else:
+            merged.append(y)
+    return " ".join("_" if v is None else v if v == "stale" else repr(v) for v in merged)
+
+
 def prepare(test_file: Path, rendered: dict, out_dir: Path) -> Path:
-    """Write the vmalert-tool file: rule files resolved, constant annotations filled in."""
+    """Write the vmalert-tool file: rule files resolved, constant annotations filled in, input series as stored."""
     doc = load_test_file(test_file)
+    for group in doc.get("tests", []):
+        if group.get("input_series"):
+            group["input_series"] = as_stored(test_file, group["input_series"])
     rule_files = doc.get("rule_files") or []
     assert rule_files, f"{test_file.name}: no rule_files"
     resolved = []
@@ -332,3 +417,18 @@ def test_rules_unit(test_file, rendered, tmp_path):
 
 def test_rule_test_files_exist():
     assert RULE_TEST_FILES, f"no *.test.yml in {RULE_TESTS_DIR}"
+
+
+def test_job_copies_merge_into_the_stored_series():
+    assert expand_values("-2+4x3 _x2 stale 1e3") == [-2.0, 2.0, 6.0, 10.0, None, None, "stale", 1000.0]
+    # a job's copy goes stale and the next job's starts: the stored field runs on
+    assert merge_values("31x2 stale", "_x3 31x1") == "31.0 31.0 31.0 31.0 31.0"
+    assert merge_values("_ stale", "_ _ 2") == "_ stale 2.0"
+    with pytest.raises(ValueError, match="step 1"):
+        merge_values("1 2", "1 3")
+    series = [{"series": 'DCGM_FI_DEV_XID_ERRORS{gpu="0", hpc_job="1"}', "values": "0x1 stale"},
+              {"series": 'DCGM_FI_DEV_XID_ERRORS{gpu="0", hpc_job="2"}', "values": "_x2 79"},
+              {"series": 'DCGM_FI_DEV_GPU_TEMP{gpu="0", hpc_job="2"}', "values": "40"},
+              {"series": 'up{job="dcgm", hpc_job="2"}', "values": "1"}]
+    assert as_stored(Path("x.test.yml"), series) == [
+        {"series": 'DCGM_FI_DEV_XID_ERRORS{gpu="0"}', "values": "0.0 0.0 79.0"}] + series[2:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ import yaml
 from tooling import render_scrape_config, tool
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "playbooks" / "filter_plugins"))
+import hpcobs_service  # noqa: E402
 ROLE = REPO / "roles" / "victoriametrics"
 GPU_NODES = ["gpu%03d.cluster.example" % i for i in range(1, 501)]
 
@@ -148,13 +151,26 @@ def test_scrape_config_passes_victoria_metrics_dry_run(rendered):
 
 def test_gpu_node_jobs_drop_at_scrape_time_what_nothing_reads(rendered):
     """The node, ipmi and smartctl jobs carry the role's metric_relabel_configs (the real binary's dry run above
-    accepts them); the dcgm job keeps every field of its counters CSV."""
+    accepts them); the dcgm job keeps every field of its counters CSV, with the Slurm job label only on the shared
+    gpu_job_fields and the site's extra ones (tests/test_job_label_relabel.py: what the real binary stores)."""
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["victoriametrics_scrape_jobs"]
     scrape = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
     for job in ("node", "smartctl"):
         assert scrape[job]["metric_relabel_configs"] == defaults[job]["config"]["metric_relabel_configs"], job
         assert all(rule["action"] == "drop" for rule in scrape[job]["metric_relabel_configs"])
-    assert "metric_relabel_configs" not in scrape["dcgm"]
+    fields = hpcobs_service.shared_fact("gpu_job_fields")
+    assert scrape["dcgm"]["metric_relabel_configs"] == hpcobs_service.job_label_relabel(fields)
+    assert not any(rule.get("action") == "drop" for rule in scrape["dcgm"]["metric_relabel_configs"])
+
+
+def test_a_site_adds_fields_that_keep_the_job_label(tmp_path):
+    extra = ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]
+    small = {"all": {"children": {"gpu_nodes": {"hosts": {"gpu001": None}}, "management": {"hosts": {"mgmt01": None}}}}}
+    etc = render_scrape_config(tmp_path, small, {"victoriametrics_dcgm_job_fields_extra": extra})
+    scrape = {j["job_name"]: j for j in yaml.safe_load((etc / "scrape.yml").read_text())["scrape_configs"]}
+    fields = hpcobs_service.shared_fact("gpu_job_fields") + extra
+    assert scrape["dcgm"]["metric_relabel_configs"] == hpcobs_service.job_label_relabel(fields)
+    assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in scrape["dcgm"]["metric_relabel_configs"][0]["regex"].split("|")
 
 
 def test_argument_specs_match_the_defaults():

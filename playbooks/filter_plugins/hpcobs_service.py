@@ -523,6 +523,34 @@ def scrape_targets(job_name, job, groups, hostvars, components=None):
     return targets
 
 
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+JOB_LABEL_MARK = "__tmp_hpcobs_job_field"
+
+
+def job_label_relabel(fields, label="hpc_job"):
+    """metric_relabel_configs that keep `label` only on the metrics named in `fields` and remove it from every other
+    metric of the job. dcgm-exporter puts hpc_job on every field of a GPU a Slurm job holds, so each job starts a new
+    copy of every series of its GPUs; kept on the fields that attribute use to jobs, a job costs a few series per GPU
+    instead of one per field. Prometheus' own relabelling (no VictoriaMetrics-only `if`), so vmagent, VictoriaMetrics
+    and a Prometheus fed the same scrape.yml agree: mark the kept metrics, empty the label elsewhere (an empty value
+    removes a label), drop the mark."""
+    if isinstance(fields, str) or not isinstance(fields, (list, tuple)) or not fields:
+        raise AnsibleFilterError("the fields that keep %s must be a non-empty list of metric names, got %r"
+                                 % (label, fields))
+    bad = [field for field in fields if not isinstance(field, str) or not METRIC_NAME.match(field)]
+    if bad:
+        raise AnsibleFilterError("not a metric name (fields that keep %s): %s" % (label, ", ".join(map(repr, bad))))
+    if not isinstance(label, str) or not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", label) or label.startswith("__"):
+        raise AnsibleFilterError("not a label name: %r" % (label,))
+    names = sorted(set(fields))
+    return [
+        {"source_labels": ["__name__"], "regex": "|".join(names), "target_label": JOB_LABEL_MARK,
+         "replacement": "1"},
+        {"source_labels": [JOB_LABEL_MARK], "regex": "", "target_label": label, "replacement": ""},
+        {"action": "labeldrop", "regex": JOB_LABEL_MARK},
+    ]
+
+
 def slurm_native_active(hv):
     """Whether slurmctld on a controller serves its own metrics: hpcobs_slurm_native_metrics false never; else
     what the slurm_metrics role decided in this run (slurm_metrics_native_active); else true; else (auto) what it
@@ -721,6 +749,7 @@ class FilterModule:
             "hpcobs_directory_entries": directory_entries,
             "hpcobs_host_address": host_address,
             "hpcobs_scrape_targets": scrape_targets,
+            "hpcobs_job_label_relabel": job_label_relabel,
             "hpcobs_peer_names": peer_names,
             "hpcobs_pki_host_credential": pki_host_credential,
             "hpcobs_pki_host_credentials": pki_host_credentials,

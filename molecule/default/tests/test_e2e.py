@@ -198,6 +198,10 @@ def test_job_attribution_reaches_victoriametrics(e2e):
     expr = 'DCGM_FI_DEV_POWER_USAGE{hpc_job="%s"}' % job["id"]
     result = wait_for("power series of job %s" % job["id"], lambda: e2e.query(expr), 60)
     assert {(r["metric"]["node"], r["metric"]["gpu"]) for r in result} == {(GPU1, g) for g in job["gpus"]}
+    # the fields not read per job are stored once per GPU, without the job (the dcgm job's relabelling)
+    xid = e2e.query('DCGM_FI_DEV_XID_ERRORS{node="%s"}' % GPU1)
+    assert xid and not [r for r in xid if "hpc_job" in r["metric"]], xid
+    assert {r["metric"]["gpu"] for r in xid} >= set(job["gpus"])
     info = wait_for("job info", lambda: e2e.query('hpcobs_slurm_job_info{hpc_job="%s"}' % job["id"]), 60)
     assert info[0]["metric"]["user"] == "alice" and info[0]["metric"]["account"] == "physics"
     assert info[0]["metric"]["node"] == GPU1
@@ -395,7 +399,7 @@ def test_hung_gpu_in_a_job_notifies_the_owning_team_not_oncall(e2e):
 def test_xid_79_pages_oncall_with_the_job(e2e):
     job = e2e.submit("carol", "physics", GPU2, 2, "e2e-xid")
     gpu = job["gpus"][-1]
-    wait_for("series of the xid job", lambda: e2e.query('DCGM_FI_DEV_XID_ERRORS{hpc_job="%s"}' % job["id"]), 60)
+    wait_for("series of the xid job", lambda: e2e.query('DCGM_FI_DEV_GPU_TEMP{hpc_job="%s"}' % job["id"]), 60)
     # the bound below is from fault to page for a job the GPU alerts already know
     e2e.owned(job)
     t0 = time.time()

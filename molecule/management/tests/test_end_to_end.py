@@ -1,7 +1,8 @@
 """End to end on the management hosts: test series -> VictoriaMetrics -> vmalert -> Alertmanager cluster -> webhook.
 
 The webhook helper's series pusher refreshes every *.prom file of its series directory in both VictoriaMetrics every
-5 s, as a scrape would. The series are dcgm-exporter's (one copy per Slurm job holding a GPU, label hpc_job) and the
+5 s, as a scrape would. The series are dcgm-exporter's as stored (one copy per Slurm job holding a GPU, label hpc_job, of the fields read per
+job; the others once per GPU) and the
 Slurm hooks' hpcobs_slurm_job_info{hpc_job,user,account} from node_exporter. Both vmalerts evaluate the real rules,
 both send to both Alertmanagers, and the cluster must deliver each notification once.
 
@@ -40,17 +41,16 @@ JOBS = {
 
 
 def gpu_series(node, gpu, jobs, power, ecc=0, util=90, fb_used=2048):
-    """dcgm-exporter's series of one GPU: one copy per job holding it."""
-    lines = []
+    """dcgm-exporter's series of one GPU as VictoriaMetrics stores them: the fields read per job (the shared
+    gpu_job_fields) once per job holding the GPU, the others (here the ECC counter) once, without hpc_job."""
+    labels = ('gpu="{gpu}",UUID="GPU-{node}-{gpu}",pci_bus_id="00000000:{bus:02X}:00.0",device="nvidia{gpu}",'
+              'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}",DCGM_FI_DRIVER_VERSION="560.35.03",'
+              'job="dcgm",instance="{node}:9400",node="{node}"').format(node=node, gpu=gpu, bus=0x17 + gpu)
+    lines = ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{%s} %s" % (labels, ecc)]
     for job in jobs:
-        labels = ('gpu="{gpu}",UUID="GPU-{node}-{gpu}",pci_bus_id="00000000:{bus:02X}:00.0",device="nvidia{gpu}",'
-                  'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}",DCGM_FI_DRIVER_VERSION="560.35.03",'
-                  'job="dcgm",instance="{node}:9400",node="{node}",hpc_job="{job}"').format(
-                      node=node, gpu=gpu, bus=0x17 + gpu, job=job)
         for metric, value in (("DCGM_FI_DEV_GPU_TEMP", 45), ("DCGM_FI_DEV_POWER_USAGE", power),
-                              ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", ecc), ("DCGM_FI_DEV_GPU_UTIL", util),
-                              ("DCGM_FI_DEV_FB_USED", fb_used)):
-            lines.append("%s{%s} %s" % (metric, labels, value))
+                              ("DCGM_FI_DEV_GPU_UTIL", util), ("DCGM_FI_DEV_FB_USED", fb_used)):
+            lines.append('%s{%s,hpc_job="%s"} %s' % (metric, labels, job, value))
     return lines
 
 

@@ -13,8 +13,9 @@ follows Grafana 12; the releases tagged 10.x/11.x target older dashboard schemas
 
 Every query reads the VictoriaMetrics datasource the role provisions (uid VM_UID) and uses the recording rules of the
 vmalert role (docs/alerts.md) and the metric contract of docs/development.md: dcgm-exporter series carry `node`,
-`gpu`, `modelName`, `UUID` and, while a Slurm job holds the GPU, `hpc_job` (one copy per job: per-GPU panels take
-`max by (node, gpu)` so a shared GPU is drawn once); `hpcobs_slurm_job_info{hpc_job,user,account,partition}` names the
+`gpu`, `modelName`, `UUID` and, while a Slurm job holds the GPU, `hpc_job` on the fields of the shared fact
+gpu_job_fields only (files/components.yml; one copy per job: per-GPU panels take `max by (node, gpu)` so a shared GPU
+is drawn once); `hpcobs_slurm_job_info{hpc_job,user,account,partition}` names the
 job's owner. The Slurm board reads the names of Slurm's metrics/openmetrics plugin (slurmctld 25.11+ or the
 slurm_metrics collector, one copy per controller: panels take `max without (instance)`) and the collector's
 hpcobs_slurm_node_state_info.
