@@ -4,14 +4,10 @@ victoria-metrics stores when it scrapes dcgm-exporter text with it; the manageme
 the same rules (bench/mgmt.py relabel) and must give the same series."""
 from __future__ import annotations
 
-import http.server
 import importlib.util
 import json
 import re
-import socket
-import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +17,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from tooling import REPO, tool
+from tooling import REPO, exposition_server, victoriametrics
 
 sys.path.insert(0, str(REPO / "playbooks" / "filter_plugins"))
 import hpcobs_service as svc  # noqa: E402
@@ -111,25 +107,6 @@ def test_the_benchmark_history_applies_the_same_rules():
         bench.relabel("m", {}, [{"action": "hashmod", "source_labels": ["a"], "modulus": 2, "target_label": "b"}])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class _Exporter(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (the handler's name)
-        body = EXPOSITION.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def _series(url: str) -> list[dict]:
     query = urllib.parse.urlencode({"match[]": '{job="dcgm"}'})
     with urllib.request.urlopen("%s/api/v1/series?%s" % (url, query), timeout=10) as answer:
@@ -139,41 +116,24 @@ def _series(url: str) -> list[dict]:
 def test_victoria_metrics_stores_the_job_label_only_on_the_kept_fields(tmp_path):
     """The real binary scrapes dcgm-exporter text with the role's dcgm job rules: the kept fields keep one series per
     job, the others one per GPU; the benchmark's own relabelling of the same text gives the same series."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     rules = svc.job_label_relabel(JOB_FIELDS)
-    config = {"scrape_configs": [{"job_name": "dcgm", "scrape_interval": "1s", "metric_relabel_configs": rules,
-                                  "static_configs": [{"targets": ["127.0.0.1:%d" % server.server_address[1]],
-                                                      "labels": {"node": "gpu01"}}]}]}
-    (tmp_path / "scrape.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    vm = subprocess.Popen([str(tool("victoria-metrics")), "-storageDataPath=%s" % (tmp_path / "data"),
-                           "-httpListenAddr=127.0.0.1:%d" % port, "-promscrape.config=%s" % (tmp_path / "scrape.yml"),
-                           "-search.latencyOffset=0s", "-loggerLevel=ERROR"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = "http://127.0.0.1:%d" % port
-    try:
-        stored, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                stored = [s for s in _series(url) if s["__name__"].startswith("DCGM_")]
-            except OSError:
-                stored = []
-            if len(stored) >= 12:
-                break
-            assert vm.poll() is None, vm.stderr.read().decode()[-2000:]
-            time.sleep(0.5)
-    finally:
-        vm.terminate()
-        vm.wait(timeout=30)
-        server.shutdown()
-    got = sorted((s["__name__"], s["gpu"], s.get("hpc_job", "")) for s in stored)
     kept = [("DCGM_FI_DEV_GPU_TEMP", "0", "101"), ("DCGM_FI_DEV_GPU_TEMP", "0", "102"),
             ("DCGM_FI_DEV_GPU_TEMP", "1", "103"), ("DCGM_FI_DEV_GPU_TEMP", "2", ""),
             ("DCGM_FI_DEV_POWER_USAGE", "0", "101"), ("DCGM_FI_DEV_POWER_USAGE", "0", "102"),
             ("DCGM_FI_DEV_POWER_USAGE", "1", "103"), ("DCGM_FI_DEV_POWER_USAGE", "2", "")]
     dropped = [(field, gpu, "") for field in ("DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_XID_ERRORS")
                for gpu in ("0", "1", "2")]
+    stored = []
+    with exposition_server(EXPOSITION) as target:
+        config = {"scrape_configs": [{"job_name": "dcgm", "scrape_interval": "1s", "metric_relabel_configs": rules,
+                                      "static_configs": [{"targets": [target], "labels": {"node": "gpu01"}}]}]}
+        (tmp_path / "scrape.yml").write_text(yaml.safe_dump(config))
+        with victoriametrics(tmp_path / "data", [], ["-promscrape.config=%s" % (tmp_path / "scrape.yml")]) as url:
+            deadline = time.monotonic() + 60
+            while len(stored) < len(kept + dropped) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                stored = [s for s in _series(url) if s["__name__"].startswith("DCGM_")]
+    got = sorted((s["__name__"], s["gpu"], s.get("hpc_job", "")) for s in stored)
     assert got == sorted(kept + dropped)
     assert not any(svc.JOB_LABEL_MARK in s for s in stored)
     bench = _bench()

@@ -29,7 +29,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tooling import tool
+from tooling import PROJECT_FILTERS, tool
+
+sys.path.insert(0, str(PROJECT_FILTERS))
+import hpcobs_service  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RULE_TESTS_DIR = REPO / "tests" / "rules"
@@ -293,9 +296,6 @@ def as_stored(test_file: Path, series: list[dict]) -> list[dict]:
     """Input series as VictoriaMetrics stores them: the dcgm job's relabelling (hpc_job kept on the shared
     gpu_job_fields only) applied to the DCGM fields; copies that become one series are merged (their values must
     agree)."""
-    sys.path.insert(0, str(REPO / "playbooks" / "filter_plugins"))
-    import hpcobs_service
-
     kept = set(hpcobs_service.shared_fact("gpu_job_fields"))
     out, seen = [], {}
     for entry in series:

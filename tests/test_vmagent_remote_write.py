@@ -19,17 +19,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tooling import PROJECT_FILTERS, REPO, tool
+from tooling import PROJECT_FILTERS, REPO, exposition_server, tool
 
 ROLE = REPO / "roles" / "victoriametrics"
 CLUSTER_PASSWORD = "cluster-pass-0123456789abcdefXYZ"
@@ -56,19 +54,6 @@ def wait_until(what, check, timeout=60, interval=0.5):
                 return last
         time.sleep(interval)
     pytest.fail("%s: not within %ds (last: %r)" % (what, timeout, last))
-
-
-class Target(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the http.server interface
-        body = ('# TYPE %s gauge\n%s{probe="a"} 1\n' % (METRIC, METRIC)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 def render(work: Path, settings: dict) -> dict:
@@ -164,19 +149,15 @@ def timestamps(port, auth=None):
 @pytest.fixture
 def site(tmp_path):
     """The processes of the test (stopped afterwards, whatever happens) and the ports they use."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Target)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    ports = {"target": server.server_address[1], "local": _free_port(), "cluster": _free_port(),
-             "vmagent": _free_port()}
-    processes = []
-    try:
-        yield tmp_path, ports, processes
-    finally:
-        for process in reversed(processes):
-            process.stop()
-        server.shutdown()
-        server.server_close()
+    with exposition_server('# TYPE %s gauge\n%s{probe="a"} 1\n' % (METRIC, METRIC)) as target:
+        ports = {"target": int(target.rsplit(":", 1)[1]), "local": _free_port(), "cluster": _free_port(),
+                 "vmagent": _free_port()}
+        processes = []
+        try:
+            yield tmp_path, ports, processes
+        finally:
+            for process in reversed(processes):
+                process.stop()
 
 
 def test_vmagent_writes_to_both_queues_through_an_outage_and_keeps_the_password_out_of_its_logs(site):

@@ -97,6 +97,35 @@ def victoriametrics(data_dir, lines, extra_args=(), timeout=60):
         process.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def exposition_server(text: str):
+    """A scrape target on a free loopback port answering every GET with `text` (Prometheus text format); yields its
+    host:port and stops afterwards."""
+    import http.server
+    import threading
+
+    body = text.encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server interface
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield "127.0.0.1:%d" % server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def render_scrape_config(work: Path, inventory: dict, extra_vars: dict) -> Path:
     """The victoriametrics role's scrape.yml and file_sd/<job>.json for `inventory`, rendered on localhost by the
     role's own templates with its defaults and internal variables (its first management host renders them);
