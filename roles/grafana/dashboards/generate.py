@@ -370,8 +370,11 @@ def fleet():
         ts_panel("GPU utilisation", "Share of time a kernel was running (not reported for MIG instances).",
                  [q(per_gpu("DCGM_FI_DEV_GPU_UTIL"), PER_GPU_LEGEND)], unit="percent", span=8),
         ts_panel("Frame buffer used", "Share of the GPU memory in use.",
-                 [q("max by (node, gpu) (DCGM_FI_DEV_FB_USED{%s} / (DCGM_FI_DEV_FB_USED{%s} + DCGM_FI_DEV_FB_FREE{%s}))"
-                    % (SEL, SEL, SEL), PER_GPU_LEGEND)], unit="percentunit", span=8),
+                 # per GPU (MIG: per instance) before the division: FB_USED carries the job, FB_FREE does not
+                 [q("max by (node, gpu) (%s / (%s + %s))"
+                    % tuple("max by (node, gpu, GPU_I_ID) (%s{%s})" % (metric, SEL) for metric in
+                            ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")),
+                    PER_GPU_LEGEND)], unit="percentunit", span=8),
         ts_panel("Tensor core activity", "Fraction of cycles the tensor pipes were busy (profiling metric).",
                  [q(per_gpu("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), PER_GPU_LEGEND)], unit="percentunit", span=8),
     ]
