@@ -171,11 +171,28 @@ def node_exporter_unit_include() -> str:
                                          + defaults["node_exporter_systemd_units_extra"])
 
 
+def _evaluated(value, variables: dict):
+    """A job's config with its Jinja expressions ("{{ ... }}", e.g. the dcgm job's relabelling) evaluated with the
+    project's filters and the role's defaults, as Ansible does when it renders scrape.yml."""
+    if isinstance(value, dict):
+        return {key: _evaluated(item, variables) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_evaluated(item, variables) for item in value]
+    found = re.fullmatch(r"\s*\{\{(.*)\}\}\s*", value, re.S) if isinstance(value, str) else None
+    if not found:
+        return value
+    import jinja2
+
+    env = jinja2.Environment()
+    env.filters.update(service.FilterModule().filters())
+    return env.compile_expression(found.group(1).strip())(**variables)
+
+
 def scrape_jobs() -> dict:
-    """The role's scrape jobs, by component (roles/victoriametrics defaults)."""
+    """The role's scrape jobs, by component (roles/victoriametrics defaults, expressions evaluated)."""
     defaults = yaml.safe_load((REPO / "roles" / "victoriametrics" / "defaults" / "main.yml").read_text())
-    return {job.get("component"): dict(job, name=name) for name, job in defaults["victoriametrics_scrape_jobs"].items()
-            if "component" in job}
+    return {job.get("component"): dict(job, name=name, config=_evaluated(job.get("config") or {}, defaults))
+            for name, job in defaults["victoriametrics_scrape_jobs"].items() if "component" in job}
 
 
 def store_config(address: str, names, components: dict, pki_dir: Path) -> dict:

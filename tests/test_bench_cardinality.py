@@ -165,3 +165,16 @@ def test_the_disabled_collectors_serve_nothing_that_is_read():
         assert [n for n in names_read() if n.startswith(served_by[collector])] == [], collector
     assert not defaults["node_exporter_exporter_metrics"]
     assert [n for n in names_read() if n.startswith(("go_", "process_", "promhttp_"))] == []
+
+
+def test_the_store_scrapes_with_the_roles_relabelling_evaluated():
+    """The dcgm job's relabelling is an expression of the role's defaults: the benchmark evaluates it, as Ansible
+    does, instead of handing victoria-metrics the expression's text."""
+    jobs = card.scrape_jobs()
+    fields = card.service.shared_fact("gpu_job_fields")
+    assert jobs["dcgm_exporter"]["config"]["metric_relabel_configs"] == card.service.job_label_relabel(fields)
+    defaults = yaml.safe_load((REPO / "roles" / "victoriametrics" / "defaults" / "main.yml").read_text())
+    node = defaults["victoriametrics_scrape_jobs"]["node"]["config"]
+    assert jobs["node_exporter"]["config"] == node
+    config = card.store_config("10.0.0.1", ["dcgm_exporter"], card.service.load_components(), Path("/pki"))
+    assert isinstance(config["scrape_configs"][0]["metric_relabel_configs"], list)
