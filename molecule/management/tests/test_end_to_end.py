@@ -126,15 +126,17 @@ def faults():
         wait_for("a settled Alertmanager cluster on %s" % name, lambda n=name: cluster_ready(n), timeout=90)
     helper = host(HELPER)
     helper.check_output("rm -f %s/*.prom && : > /var/lib/hpcobs-e2e/notifications.jsonl" % SERIES_DIR)
-    # Jobs run on healthy GPUs first; the faults come once VictoriaMetrics holds every series copy (a new series
-    # can take a few seconds to become searchable, and copies seen one evaluation apart would fire apart).
+    # Jobs run on healthy GPUs first; the faults come once VictoriaMetrics holds every series (4 GPUs' ECC counters,
+    # 5 job copies of the fields read per job: a new series can take a few seconds to become searchable, and copies
+    # seen one evaluation apart would fire apart).
     put_series("ecc-gpu01", ecc_gpu01(ecc=0))
     put_series("ecc-shared-gpu02", ecc_shared_gpu02(ecc=0))
     put_series("hang-gpu03", gpu_series("gpu-e2e03", 2, ["4004"], power=60, util=0, fb_used=30000)
                + gpu_series("gpu-e2e03", 3, ["4005"], power=62, util=0, fb_used=25000)
                + job_info("gpu-e2e03", ["4004", "4005"]))
     wait_for("every test series in both VictoriaMetrics", lambda: all(
-        query(name, 'count(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{node=~"gpu-e2e0[123]"} == 0)') == [({}, 5.0)]
+        query(name, 'count(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{node=~"gpu-e2e0[123]"} == 0)') == [({}, 4.0)]
+        and query(name, 'count(DCGM_FI_DEV_GPU_TEMP{node=~"gpu-e2e0[123]", hpc_job!=""})') == [({}, 5.0)]
         and query(name, 'count(hpcobs_slurm_job_info{node=~"gpu-e2e0[123]"})') == [({}, 5.0)]
         for name in MANAGEMENT), timeout=90)
     started = time.time()
