@@ -64,8 +64,10 @@ def rendered(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    """The same site with the security switch on (grafana's job keeps its own scheme)."""
-    return render(tmp_path_factory, {"hpcobs_security": True})
+    """The same site with the security switch on (grafana's job keeps its own scheme) and a field more that keeps
+    the Slurm job label."""
+    return render(tmp_path_factory, {"hpcobs_security": True,
+                                     "victoriametrics_dcgm_job_fields_extra": ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]})
 
 
 def targets(rendered: Path, job: str) -> list[dict]:
@@ -163,12 +165,9 @@ def test_gpu_node_jobs_drop_at_scrape_time_what_nothing_reads(rendered):
     assert not any(rule.get("action") == "drop" for rule in scrape["dcgm"]["metric_relabel_configs"])
 
 
-def test_a_site_adds_fields_that_keep_the_job_label(tmp_path):
-    extra = ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]
-    small = {"all": {"children": {"gpu_nodes": {"hosts": {"gpu001": None}}, "management": {"hosts": {"mgmt01": None}}}}}
-    etc = render_scrape_config(tmp_path, small, {"victoriametrics_dcgm_job_fields_extra": extra})
-    scrape = {j["job_name"]: j for j in yaml.safe_load((etc / "scrape.yml").read_text())["scrape_configs"]}
-    fields = hpcobs_service.shared_fact("gpu_job_fields") + extra
+def test_a_site_adds_fields_that_keep_the_job_label(secured):
+    scrape = {j["job_name"]: j for j in yaml.safe_load((secured / "scrape.yml").read_text())["scrape_configs"]}
+    fields = hpcobs_service.shared_fact("gpu_job_fields") + ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]
     assert scrape["dcgm"]["metric_relabel_configs"] == hpcobs_service.job_label_relabel(fields)
     assert "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" in scrape["dcgm"]["metric_relabel_configs"][0]["regex"].split("|")
 
