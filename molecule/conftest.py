@@ -34,12 +34,23 @@ class NsenterBackend(base.BaseBackend):
         return out
 
 
+def nsenter_host(name):
+    """The test host `name` (a local container) as a testinfra Host running commands through nsenter."""
+    nsenter = NsenterBackend(name)
+    target = testinfra.host.Host(nsenter)
+    nsenter.set_host(target)
+    return target
+
+
 @pytest.fixture(scope="module")
 def host(_testinfra_host):
     backend = _testinfra_host.backend
     if getattr(backend, "NAME", "") == "ansible":
-        nsenter = NsenterBackend(backend.host)
-        target = testinfra.host.Host(nsenter)
-        nsenter.set_host(target)
-        return target
+        return nsenter_host(backend.host)
     return _testinfra_host
+
+
+@pytest.fixture(scope="session")
+def named_host():
+    """nsenter_host, for a test about one host of the scenario: it runs once instead of once per host."""
+    return nsenter_host

@@ -133,14 +133,14 @@ def test_site_preflight_refuses_a_control_character_in_grafana_ini(host):
 PROBE_BANNER = "TASK [service : Wait until the service answers /metrics]"
 
 
-def test_rerun_probes_a_service_only_when_it_started_it(host):
+def test_rerun_probes_a_service_only_when_it_started_it(named_host):
     """A rerun on the converged host does not ask the untouched service again; with hpcobs_ready_check_every_run it
     does, and a service systemd still sees active but that no longer answers (SIGSTOP) fails the run, naming it. The
     failure is remembered on the controller: the next plain rerun asks again (and fails while the service still does
     not answer), the first that sees it answer forgets it, and the one after that does not ask. A service found
     stopped is started and probed. On the secured host: the probe asks over HTTPS with the credential."""
-    if not is_secured(host):
-        pytest.skip("proved on the secured host (%s): the probe there asks as a client must" % SECURED)
+    host = named_host(SECURED)  # the secured host only: the probe there asks as a client must
+    assert is_secured(host), SECURED
     converge = os.path.join(SCENARIO, "converge.yml")
     # the controller's memory of the failed probe (hpcobs_ready_state_dir: molecule.yml), <host>/<unit>_<path>
     marker = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "not-ready", SECURED,
