@@ -248,7 +248,8 @@ def test_the_roles_own_csv_is_valid():
 def test_the_filters_are_registered():
     assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_loki_client_problems",
                                                     "hpcobs_log_label_problems", "hpcobs_dcgm_counters",
-                                                        "hpcobs_roles_text_names", "hpcobs_control_char_problems"}
+                                                    "hpcobs_roles_text_names", "hpcobs_control_char_problems",
+                                                    "hpcobs_duration_seconds"}
 
 
 # Control characters in free-text settings (hpcobs_control_char_problems, hpcobs_roles_text_names)
@@ -360,3 +361,15 @@ def test_with_the_security_switch_every_loki_url_is_https():
     assert checks.loki_client_problems(["http://mgmt01:3100"], "", "promtail", False) == []
     (problem,) = checks.loki_client_problems(["https://m1:3100", "http://m2:3100"], "", "promtail", "True")
     assert "hpcobs_security is on" in problem and "promtail_loki_urls" in problem
+
+
+@pytest.mark.parametrize("text,seconds", [("30s", 30), ("1m", 60), ("1m30s", 90), ("2h", 7200), ("500ms", 0.5),
+                                          ("1d", 86400), ("1w", 604800)])
+def test_durations_in_seconds(text, seconds):
+    assert checks.duration_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "30", "1.5m", "m", "30 s", "-1m", 30, None, "1m30"])
+def test_a_bad_duration_is_named(text):
+    with pytest.raises(checks.AnsibleFilterError, match="not a duration"):
+        checks.duration_seconds(text)

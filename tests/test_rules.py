@@ -349,7 +349,13 @@ def expand_values(text) -> list:
 
 def merge_values(first, second) -> str:
     """Two job copies of one GPU's field as the one series the store keeps: at each step a sample wins over a stale
-    marker, a stale marker over a missing sample; two different samples at one step are refused."""
+    marker, a stale marker over a missing sample; two different samples at one step are refused.
+
+    A copy that had a sample at the step before and has none at this step while the other has one is a job change on
+    the GPU: VictoriaMetrics' scrape compares the text of two scrapes before relabelling, finds the copy's line gone
+    and stores a stale marker at the new scrape's timestamp, beside the new copy's sample. An instant read then sees
+    the marker until the next scrape, a range function drops it and keeps the sample; this file can hold one value
+    per step, so the step becomes the marker (an instant read is exact, a range read loses that one sample)."""
     a, b = expand_values(first), expand_values(second)
     merged = []
     for k in range(max(len(a), len(b))):
@@ -357,10 +363,12 @@ def merge_values(first, second) -> str:
         y = b[k] if k < len(b) else None
         if isinstance(x, float) and isinstance(y, float) and x != y:
             raise ValueError("step %d has %s and %s (%r, %r)" % (k, x, y, first, second))
-        if isinstance(x, float) or x == "stale" and not isinstance(y, float):
-            merged.append(x)
+        gone = any(0 < k <= len(c) and isinstance(c[k - 1], float) and not (k < len(c) and isinstance(c[k], float))
+                   for c in (a, b))
+        if isinstance(x, float) or isinstance(y, float):
+            merged.append("stale" if gone else x if isinstance(x, float) else y)
         else:
-            merged.append(y)
+            merged.append(x if x == "stale" else y)
     return " ".join("_" if v is None else v if v == "stale" else repr(v) for v in merged)
 
 
@@ -421,8 +429,13 @@ def test_rule_test_files_exist():
 
 def test_job_copies_merge_into_the_stored_series():
     assert expand_values("-2+4x3 _x2 stale 1e3") == [-2.0, 2.0, 6.0, 10.0, None, None, "stale", 1000.0]
-    # a job's copy goes stale and the next job's starts: the stored field runs on
-    assert merge_values("31x2 stale", "_x3 31x1") == "31.0 31.0 31.0 31.0 31.0"
+    # a job's copy goes stale and the next job's starts: the stored field runs on, with the stale marker of the
+    # scrape that saw the change
+    assert merge_values("31x2 stale", "_x3 31x1") == "31.0 31.0 31.0 stale 31.0"
+    # a job joins a GPU another job keeps: no line went, no marker
+    assert merge_values("31x3", "_ _ 31x1") == "31.0 31.0 31.0 31.0"
+    # a job ends on a GPU that another job keeps: its line went
+    assert merge_values("31x3", "31x1") == "31.0 31.0 stale 31.0"
     assert merge_values("_ stale", "_ _ 2") == "_ stale 2.0"
     with pytest.raises(ValueError, match="step 1"):
         merge_values("1 2", "1 3")
@@ -431,4 +444,23 @@ def test_job_copies_merge_into_the_stored_series():
               {"series": 'DCGM_FI_DEV_GPU_TEMP{gpu="0", hpc_job="2"}', "values": "40"},
               {"series": 'up{job="dcgm", hpc_job="2"}', "values": "1"}]
     assert as_stored(Path("x.test.yml"), series) == [
-        {"series": 'DCGM_FI_DEV_XID_ERRORS{gpu="0"}', "values": "0.0 0.0 79.0"}] + series[2:]
+        {"series": 'DCGM_FI_DEV_XID_ERRORS{gpu="0"}', "values": "0.0 0.0 stale"}] + series[2:]
+
+
+def test_fields_without_the_job_label_are_read_across_a_job_change(rendered):
+    """A GPU field stored without hpc_job carries a stale marker for one scrape at each job change on its GPU (the
+    store's model: merge_values): every rule reads it through a range function (gpu_field in hpcobs-gpu.yml.j2), never
+    as an instant value that would lose the GPU for that scrape and reset its alerts."""
+    kept = set(hpcobs_service.shared_fact("gpu_job_fields"))
+    read, instant = set(), []
+    for name, groups in rendered["groups"].items():
+        for group in groups:
+            for rule in group["rules"]:
+                for found in re.finditer(r"(DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?\s*(\[)?", rule["expr"]):
+                    if found.group(1) in kept:
+                        continue
+                    read.add(found.group(1))
+                    if not found.group(3):
+                        instant.append("%s %s: %s" % (name, rule.get("alert") or rule.get("record"), found.group(0)))
+    assert {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_XID_ERRORS"} <= read, sorted(read)
+    assert not instant, "read as an instant value: %s" % instant

@@ -19,6 +19,8 @@ tests/test_checks.py).
   options of CONTROL_EXEMPT are not (text that may span lines by design, written only through a YAML serializer,
   which quotes it). playbooks/preflight.yml runs it for every host of a site before any role; roles/service
   preflight_os for a role applied on its own.
+- `hpcobs_duration_seconds`: a Prometheus duration (`90s`, `1m30s`, `2h`) in seconds, so a check can compare two
+  settings (vmalert's field lookback against its rule interval).
 """
 
 from __future__ import annotations
@@ -329,6 +331,18 @@ def control_char_problems(values):
     return problems
 
 
+DURATION = re.compile(r"^(?:[0-9]+(?:ms|s|m|h|d|w|y))+$")
+DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text):
+    """A Prometheus duration (one or more number-unit pairs, units ms s m h d w y) in seconds."""
+    if not isinstance(text, str) or not DURATION.match(text):
+        raise AnsibleFilterError("%s is not a duration like 30s, 1m30s or 2h" % json.dumps(text, default=str))
+    return sum(int(number) * DURATION_UNITS[unit] for number, unit in DURATION_PART.findall(text))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -338,4 +352,5 @@ class FilterModule:
             "hpcobs_dcgm_counters": dcgm_counters,
             "hpcobs_roles_text_names": roles_text_names,
             "hpcobs_control_char_problems": control_char_problems,
+            "hpcobs_duration_seconds": duration_seconds,
         }

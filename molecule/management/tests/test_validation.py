@@ -73,6 +73,18 @@ def test_invalid_for_override_is_refused_before_anything_changes():
     assert checksums(RULE_FILES) == before and pids("vmalert") == pid_before
 
 
+def test_a_field_lookback_within_one_rule_interval_is_refused_before_anything_changes():
+    """The scenario evaluates every 5s: a 5s lookback would not reach past the scrape a job change on a GPU marks."""
+    before, pid_before = checksums(RULE_FILES), pids("vmalert")
+    result = run_role("vmalert", {"vmalert_gpu_field_lookback": "5s"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert failed_task(output) == "Check the GPU field lookback reaches past one scrape", output[-3000:]
+    assert "vmalert_gpu_field_lookback (5s) must be longer than vmalert_rules_interval (5s)" in output
+    assert recap_changed(output) == {name: 0 for name in MANAGEMENT}
+    assert checksums(RULE_FILES) == before and pids("vmalert") == pid_before
+
+
 def test_invalid_alertmanager_config_is_refused_and_the_running_config_stays():
     config = ["/etc/alertmanager/alertmanager.yml"]
     before, pid_before = checksums(config), pids("alertmanager")
