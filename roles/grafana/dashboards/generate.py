@@ -261,6 +261,9 @@ def per_gpu_rate(metric: str, divisor: str = "") -> str:
 
 def fleet():
     gpu_table_by = "max by (node, gpu, modelName) (%s{%s})"
+    # A field stored without the job: its last sample within a minute, so a GPU's row keeps the value through the
+    # stale marker a job change on the GPU leaves for one scrape (docs/alerts.md, vmalert_gpu_field_lookback).
+    gpu_table_last = "max by (node, gpu, modelName) (last_over_time(%s{%s}[1m]))"
     overview = [
         stat_panel("GPUs reporting", "GPUs dcgm-exporter reports on the selected nodes (node:hpcobs_gpus:count).",
                    [q('sum(node:hpcobs_gpus:count{node=~"$node"})', instant=True)], decimals=0),
@@ -288,8 +291,8 @@ def fleet():
         [q(gpu_table_by % ("DCGM_FI_DEV_GPU_TEMP", SEL), instant=True, table_format=True),
          q(gpu_table_by % ("DCGM_FI_DEV_POWER_USAGE", SEL), instant=True, table_format=True),
          q(gpu_table_by % ("DCGM_FI_DEV_GPU_UTIL", SEL), instant=True, table_format=True),
-         q(gpu_table_by % ("DCGM_FI_DEV_XID_ERRORS", SEL), instant=True, table_format=True),
-         q(gpu_table_by % ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", SEL), instant=True, table_format=True),
+         q(gpu_table_last % ("DCGM_FI_DEV_XID_ERRORS", SEL), instant=True, table_format=True),
+         q(gpu_table_last % ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", SEL), instant=True, table_format=True),
          q('count by (node, gpu, modelName) (group by (node, gpu, modelName, hpc_job) '
            '(DCGM_FI_DEV_GPU_TEMP{%s, hpc_job!=""}))'
            ' or 0 * group by (node, gpu, modelName) (DCGM_FI_DEV_GPU_TEMP{%s})' % (SEL, SEL),
