@@ -27,6 +27,7 @@ management host, 127.2.x.y: the GPU nodes):
   bench/mgmt.py --smoke                         20 nodes, 1 h of history, about 1 min live (under 2 min)
   bench/mgmt.py --rule-vars '{"vmalert_rules_concurrency": 1}' --out DIR   an A/B of a rule setting
   bench/mgmt.py --scrape-vars '{"victoriametrics_dcgm_job_fields_extra": [...]}' --out DIR   ... of a scrape setting
+  bench/mgmt.py --vm-args '["-memory.allowedBytes=512MiB"]' --out DIR   ... of a victoria-metrics flag
 """
 from __future__ import annotations
 
@@ -813,6 +814,16 @@ def with_share(share: Path, command: list[str]) -> list[str]:
             'mount -t overlay hpcobs-bench -o lowerdir="$0":/usr/share /usr/share && exec "$@"', str(share), *command]
 
 
+def vm_flags(text: str) -> list[str]:
+    """--vm-args: a JSON list of victoria-metrics flags (each `-name` or `-name=value`)."""
+    value = json.loads(text)
+    if not isinstance(value, list) or not all(isinstance(f, str) and re.match(r"^-[A-Za-z][\w.-]*(=.*)?$", f)
+                                              for f in value):
+        raise argparse.ArgumentTypeError("--vm-args takes a JSON list of flags like [\"-memory.allowedBytes=512MiB\"], "
+                                         "got %s" % text)
+    return value
+
+
 def start(name: str, command: list[str], work: Path, ready_url: str) -> subprocess.Popen:
     log = (work / ("%s.log" % name)).open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
@@ -1096,7 +1107,7 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hpcobs-bench-mgmt-", dir=args.workdir))
     record = {"nodes": args.nodes, "run": run, "history_s": args.history, "backfill_step_s": args.backfill_step,
               "live_s": args.live, "warmup_s": args.warmup, "rule_vars": args.rule_vars,
-              "scrape_vars": args.scrape_vars, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+              "scrape_vars": args.scrape_vars, "vm_args": args.vm_args, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
     processes: dict[str, subprocess.Popen] = {}
     try:
@@ -1119,7 +1130,7 @@ def run_once(args, run: int, bins: dict, prom: dict | None) -> dict:
         vm_args = [str(bins["victoria-metrics"]), "-storageDataPath=%s" % (work / "vm-data"),
                    "-httpListenAddr=%s:%d" % (MGMT, PORTS["victoriametrics"]), "-retentionPeriod=400d",
                    "-storage.minFreeDiskSpaceBytes=10GiB", "-promscrape.config=%s" % scrape_yml,
-                   "-promscrape.fileSDCheckInterval=30s"]
+                   "-promscrape.fileSDCheckInterval=30s"] + args.vm_args
         processes["victoriametrics"] = start("victoriametrics", vm_args, work, vm_url + "/health")
         say("run %d: %d targets; backfilling %d s of history at a %d s step ..."
             % (run, len(targets), args.history, args.backfill_step))
@@ -1448,6 +1459,9 @@ def main(argv=None) -> int:
                         help="victoriametrics role settings for the scrape configuration, e.g. "
                              "'{\"victoriametrics_scrape_jobs_overrides\": {\"dcgm\": {\"config\": "
                              "{\"metric_relabel_configs\": []}}}}' (an A/B of a scrape setting; recorded with the run)")
+    parser.add_argument("--vm-args", type=vm_flags, default=[], metavar="JSON",
+                        help="more victoria-metrics flags, e.g. '[\"-memory.allowedBytes=512MiB\"]' (an A/B of a "
+                             "flag; recorded with the run)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)

@@ -3,6 +3,7 @@ schedule, the history it imports, the figures it reads from /proc, VictoriaMetri
 percentiles and its report. No run: seconds, no binary started."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -348,3 +349,12 @@ def test_report_tables_and_plots(tmp_path):
     assert "| hpcobs-gpu / HpcobsGpuXidCritical | 0.25 | 7 |" in text
     pngs = mgmt.plots(RESULTS, tmp_path)
     assert pngs and all(p.exists() and p.stat().st_size > 1000 for p in pngs)
+
+
+def test_vm_args_take_a_list_of_flags():
+    assert mgmt.vm_flags('["-memory.allowedBytes=512MiB", "-search.noStaleMarkers"]') == [
+        "-memory.allowedBytes=512MiB", "-search.noStaleMarkers"]
+    assert mgmt.vm_flags("[]") == []
+    for bad in ('"-memory.allowedBytes=1"', '["memory.allowedBytes=1"]', '[1]', '{"a": 1}', '["-"]'):
+        with pytest.raises(argparse.ArgumentTypeError, match="JSON list of flags"):
+            mgmt.vm_flags(bad)
