@@ -249,7 +249,8 @@ def test_the_filters_are_registered():
     assert set(checks.FilterModule().filters()) == {"hpcobs_file_target_problems", "hpcobs_loki_client_problems",
                                                     "hpcobs_log_label_problems", "hpcobs_dcgm_counters",
                                                     "hpcobs_roles_text_names", "hpcobs_control_char_problems",
-                                                    "hpcobs_duration_seconds"}
+                                                    "hpcobs_duration_seconds",
+                                                    "hpcobs_sample_interval_problems"}
 
 
 # Control characters in free-text settings (hpcobs_control_char_problems, hpcobs_roles_text_names)
@@ -373,3 +374,26 @@ def test_durations_in_seconds(text, seconds):
 def test_a_bad_duration_is_named(text):
     with pytest.raises(checks.AnsibleFilterError, match="not a duration"):
         checks.duration_seconds(text)
+
+
+# The GPU sample interval (hpcobs_sample_interval_problems)
+
+def test_one_sample_interval_on_every_host_is_accepted():
+    assert checks.sample_interval_problems({"gpu01": "30s", "gpu02": "30s", "mgmt01": "30s"}) == []
+    # the same duration written two ways is one interval
+    assert checks.sample_interval_problems({"gpu01": "1m", "mgmt01": "60s"}) == []
+
+
+def test_a_sample_interval_that_differs_between_hosts_is_named():
+    hosts = {"gpu%02d" % i: "15s" for i in range(1, 6)}
+    hosts["mgmt01"] = "30s"
+    (problem,) = checks.sample_interval_problems(hosts)
+    assert "differs between hosts" in problem and "group_vars/all" in problem
+    assert "15s on gpu01, gpu02, gpu03 and 2 more" in problem and "30s on mgmt01" in problem
+
+
+@pytest.mark.parametrize("value,words", [("30", "a duration like 30s"), (30, "a duration like 30s"),
+                                         ("500ms", "from 1s to 5m"), ("10m", "from 1s to 5m")])
+def test_a_bad_sample_interval_is_named_with_its_host(value, words):
+    (problem,) = checks.sample_interval_problems({"gpu01": value})
+    assert problem.startswith("hpcobs_gpu_sample_interval on gpu01 must be") and words in problem

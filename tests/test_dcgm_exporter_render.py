@@ -41,6 +41,8 @@ CASES = {
                  {"field": "DCGM_FI_DEV_SERIAL", "type": "label", "help": "Board serial number."}]},
     "no_mapping": {"dcgm_exporter_job_mapping_dir": "", "dcgm_exporter_listen_address": "127.0.0.1:9401",
                    "dcgm_exporter_extra_args": ["--kubernetes=false"]},
+    # the site's GPU sample interval sets the collect interval (and VictoriaMetrics' dcgm scrape interval)
+    "sample_interval": {"hpcobs_gpu_sample_interval": "1m30s"},
 }
 
 
@@ -291,3 +293,8 @@ def test_the_simulator_refuses_a_unix_socket_as_dcgm_exporter_fails_on_it(tmp_pa
     by_env = subprocess.run([sys.executable, str(SIM), "--sim-state-dir", str(tmp_path)], capture_output=True,
                             text=True, timeout=30, env=dict(env, DCGM_REMOTE_HOSTENGINE_INFO=value))
     assert by_env.returncode == 1 and "over TCP only" in by_env.stderr
+
+
+def test_the_collect_interval_follows_the_sites_gpu_sample_interval(rendered):
+    argv = exec_argv(unit(rendered, "sample_interval"))
+    assert argv[argv.index("--collect-interval") + 1] == "90000"

@@ -102,6 +102,32 @@ def test_the_typed_form_passes_the_type_check(local_inventory, tmp_path):
     assert "Check the settings have the types the roles declare" in proc.stdout
 
 
+def test_a_gpu_sample_interval_set_for_one_group_only_is_refused(tmp_path):
+    """The GPU nodes collect and the management hosts scrape at hpcobs_gpu_sample_interval: set in group_vars of
+    gpu_nodes only, the two would disagree."""
+    inventory = tmp_path / "hosts.yml"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(json.dumps({"all": {"children": {
+        "gpu_nodes": {"hosts": {"gpu01": local, "gpu02": local}, "vars": {"hpcobs_gpu_sample_interval": "15s"}},
+        "management": {"hosts": {"mgmt01": local}}}}}))
+    proc = run(["-i", str(inventory), "playbooks/preflight.yml",
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    assert proc.returncode != 0
+    output = " ".join(proc.stdout.split())
+    assert "TASK [Check the GPU sample interval is one duration on every host]" in output
+    assert ("hpcobs_gpu_sample_interval differs between hosts (15s on gpu01, gpu02; 30s on mgmt01): the GPU nodes "
+            "collect and the management hosts scrape at it, so set it once for all hosts (group_vars/all). Nothing "
+            "was changed.") in output
+    # the same value everywhere passes that check
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("hpcobs_gpu_sample_interval: 1m\n")
+    inventory.write_text(inventory.read_text().replace('"15s"', '"60s"'))
+    proc = run(["-i", str(inventory), "playbooks/preflight.yml",
+                "-e", "hpcobs_bundle_dir=%s" % (tmp_path / "nowhere")])
+    assert "differs between hosts" not in proc.stdout
+    assert "TASK [Check the GPU sample interval is one duration on every host]" in proc.stdout
+
+
 @pytest.fixture(scope="module")
 def choices():
     return inputs.roles_argument_choices(os.path.join(ROOT, "roles"))

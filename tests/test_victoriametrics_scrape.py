@@ -165,6 +165,18 @@ def test_gpu_node_jobs_drop_at_scrape_time_what_nothing_reads(rendered):
     assert not any(rule.get("action") == "drop" for rule in scrape["dcgm"]["metric_relabel_configs"])
 
 
+def test_the_dcgm_job_is_scraped_at_the_gpu_sample_interval(rendered, tmp_path_factory):
+    """dcgm-exporter collects at the shared GPU sample interval (30s, the dcgm_exporter role's collect interval):
+    scraped faster, each value would be stored twice. The global sets both."""
+    scrape = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape.yml").read_text())["scrape_configs"]}
+    assert hpcobs_service.shared_fact("gpu_sample_interval") == "30s"
+    assert scrape["dcgm"]["scrape_interval"] == "30s"
+    assert "scrape_interval" not in scrape["node"]  # the global 15s
+    site = render(tmp_path_factory, {"hpcobs_gpu_sample_interval": "1m"})
+    scrape = {j["job_name"]: j for j in yaml.safe_load((site / "scrape.yml").read_text())["scrape_configs"]}
+    assert scrape["dcgm"]["scrape_interval"] == "1m"
+
+
 def test_a_site_adds_fields_that_keep_the_job_label(secured):
     scrape = {j["job_name"]: j for j in yaml.safe_load((secured / "scrape.yml").read_text())["scrape_configs"]}
     fields = hpcobs_service.shared_fact("gpu_job_fields") + ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]

@@ -21,6 +21,9 @@ tests/test_checks.py).
   preflight_os for a role applied on its own.
 - `hpcobs_duration_seconds`: a Prometheus duration (`90s`, `1m30s`, `2h`) in seconds, so a check can compare two
   settings (vmalert's field lookback against its rule interval).
+- `hpcobs_sample_interval_problems`: the site's GPU sample interval (`hpcobs_gpu_sample_interval`) as each host of
+  a run sees it: a duration of 1 s to 5 min, the same on every host (the GPU nodes collect at it, the management
+  hosts scrape at it).
 """
 
 from __future__ import annotations
@@ -343,6 +346,31 @@ def duration_seconds(text):
     return sum(int(number) * DURATION_UNITS[unit] for number, unit in DURATION_PART.findall(text))
 
 
+def sample_interval_problems(by_host, variable="hpcobs_gpu_sample_interval"):
+    """Problems of `variable` given {host: value} of the hosts of a run: each value a duration from 1 s to 5 min,
+    one value on every host. Empty when there is none."""
+    problems = []
+    seen = {}
+    for host, value in sorted(by_host.items()):
+        try:
+            seconds = duration_seconds(value)
+        except AnsibleFilterError:
+            problems.append("%s on %s must be a duration like 30s (got %s)" % (variable, host,
+                                                                              json.dumps(value, default=str)))
+            continue
+        if not 1 <= seconds <= 300:
+            problems.append("%s on %s must be from 1s to 5m (got %s)" % (variable, host, value))
+            continue
+        seen.setdefault(seconds, []).append(host)
+    if len(seen) > 1:
+        problems.append("%s differs between hosts (%s): the GPU nodes collect and the management hosts scrape at "
+                        "it, so set it once for all hosts (group_vars/all)" % (variable, "; ".join(
+                            "%gs on %s" % (seconds, ", ".join(hosts[:3]) + (" and %d more" % (len(hosts) - 3)
+                                                                          if len(hosts) > 3 else ""))
+                            for seconds, hosts in sorted(seen.items()))))
+    return problems
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -353,4 +381,5 @@ class FilterModule:
             "hpcobs_roles_text_names": roles_text_names,
             "hpcobs_control_char_problems": control_char_problems,
             "hpcobs_duration_seconds": duration_seconds,
+            "hpcobs_sample_interval_problems": sample_interval_problems,
         }

@@ -11,6 +11,7 @@ import os
 import re
 import time
 
+import pytest
 import yaml
 
 from mgmt import (AM, AM_AUTH, MANAGEMENT, SCENARIO_DIR, VMALERT, get_json, host, http, main_pid, post_json,
@@ -73,14 +74,22 @@ def test_invalid_for_override_is_refused_before_anything_changes():
     assert checksums(RULE_FILES) == before and pids("vmalert") == pid_before
 
 
-def test_a_field_lookback_within_one_rule_interval_is_refused_before_anything_changes():
-    """The scenario evaluates every 5s: a 5s lookback would not reach past the scrape a job change on a GPU marks."""
+@pytest.mark.parametrize("settings,interval", [
+    # the scenario evaluates every 5s: a 5s lookback would not reach past the evaluation before
+    ({"vmalert_gpu_field_lookback": "5s"}, "hpcobs_gpu_sample_interval, 30s"),
+    # the dcgm job scraped every minute: a 45s lookback would not reach past the scrape a job change marks
+    ({"vmalert_gpu_field_lookback": "45s", "hpcobs_gpu_sample_interval": "1m"}, "hpcobs_gpu_sample_interval, 1m"),
+], ids=["rule-interval", "sample-interval"])
+def test_a_field_lookback_within_one_scrape_or_evaluation_is_refused_before_anything_changes(settings, interval):
     before, pid_before = checksums(RULE_FILES), pids("vmalert")
-    result = run_role("vmalert", {"vmalert_gpu_field_lookback": "5s"})
+    result = run_role("vmalert", settings)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert failed_task(output) == "Check the GPU field lookback reaches past one scrape", output[-3000:]
-    assert "vmalert_gpu_field_lookback (5s) must be longer than vmalert_rules_interval (5s)" in output
+    message = " ".join(output.split())
+    assert ("vmalert_gpu_field_lookback (%s) must be longer than both the GPU sample interval (%s:"
+            % (settings["vmalert_gpu_field_lookback"], interval)) in message
+    assert "and vmalert_rules_interval (5s)" in message
     assert recap_changed(output) == {name: 0 for name in MANAGEMENT}
     assert checksums(RULE_FILES) == before and pids("vmalert") == pid_before
 
