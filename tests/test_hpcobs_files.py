@@ -382,3 +382,91 @@ def test_the_binaries_of_an_unpacked_archive():
         "/opt/bin/vmagent", "/opt/bin/vmauth"]
     with pytest.raises(hpcobs_bundle.AnsibleFilterError, match="names vmalert, which the archive does not have"):
         hpcobs_bundle.artifact_binaries(archive, "/usr/local/bin", ["vmalert"])
+
+
+class FakeAccounts:
+    """pwd/grp lookups over a dict, for account_commands: no account of the machine running the tests is touched."""
+
+    def __init__(self, users=None, groups=None):
+        self.users, self.groups = users or {}, groups or {}
+
+    def user(self, name):
+        from types import SimpleNamespace
+        gid, home, shell, gecos = self.users[name]
+        return SimpleNamespace(pw_gid=gid, pw_dir=home, pw_shell=shell, pw_gecos=gecos)
+
+    def group(self, name):
+        from types import SimpleNamespace
+        return SimpleNamespace(gr_gid=self.groups[name])
+
+
+ACCOUNT = {"user": "node_exporter", "group": "node_exporter", "home": "/nonexistent", "shell": "/usr/sbin/nologin",
+           "comment": "node_exporter (hpcobs)"}
+
+
+def test_a_missing_account_is_made_as_a_system_group_and_user():
+    fake = FakeAccounts()
+    assert MODULE.account_commands(ACCOUNT, fake.user, fake.group) == [
+        ["groupadd", "--system", "node_exporter"],
+        ["useradd", "--system", "--gid", "node_exporter", "--no-create-home", "--home-dir", "/nonexistent",
+         "--shell", "/usr/sbin/nologin", "--comment", "node_exporter (hpcobs)", "node_exporter"]]
+
+
+def test_an_account_as_asked_costs_no_command_and_one_that_differs_gets_only_its_differences():
+    fake = FakeAccounts({"node_exporter": (990, "/nonexistent", "/usr/sbin/nologin", "node_exporter (hpcobs)")},
+                        {"node_exporter": 990})
+    assert MODULE.account_commands(ACCOUNT, fake.user, fake.group) == []
+    fake.users["node_exporter"] = (100, "/nonexistent", "/bin/bash", "node_exporter (hpcobs)")
+    assert MODULE.account_commands(ACCOUNT, fake.user, fake.group) == [
+        ["usermod", "--gid", "node_exporter", "--shell", "/usr/sbin/nologin", "node_exporter"]]
+    del fake.groups["node_exporter"]
+    assert MODULE.account_commands(dict(ACCOUNT, home="/var/lib/x"), fake.user, fake.group) == [
+        ["groupadd", "--system", "node_exporter"],
+        ["usermod", "--gid", "node_exporter", "--home", "/var/lib/x", "--shell", "/usr/sbin/nologin",
+         "node_exporter"]]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"user": "Root"}, "is not a lowercase system account name"),
+    ({"group": "-o"}, "is not a lowercase system account name"),
+    ({"user": "a b"}, "is not a lowercase system account name"),
+    ({"home": "relative"}, "is not an absolute path"),
+    ({"comment": "x:y"}, "may not hold ':'"),
+    ({"comment": "x\ny"}, "may not hold ':'"),
+])
+def test_an_account_that_would_corrupt_passwd_or_reach_an_option_is_refused(change, message):
+    fake = FakeAccounts()
+    with pytest.raises(MODULE.FilesError, match=message):
+        MODULE.account_commands(dict(ACCOUNT, **change), fake.user, fake.group)
+
+
+def test_sync_account_runs_the_commands_in_order_and_says_what_changed_but_runs_nothing_in_check_mode(monkeypatch):
+    fake = FakeAccounts()
+    monkeypatch.setattr(MODULE.pwd, "getpwnam", fake.user)
+    monkeypatch.setattr(MODULE.grp, "getgrnam", fake.group)
+    ran = []
+
+    def run(argv, **_):
+        from types import SimpleNamespace
+        ran.append(argv[0])
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    assert MODULE.sync_account(ACCOUNT, check_mode=True, run=run) == (True, True)
+    assert ran == [], "check mode runs nothing"
+    assert MODULE.sync_account(ACCOUNT, check_mode=False, run=run) == (True, True)
+    assert ran == ["groupadd", "useradd"]
+    fake.groups["node_exporter"] = 990
+
+    def refuse(argv, **_):
+        from types import SimpleNamespace
+        return SimpleNamespace(returncode=9, stdout="", stderr="useradd: UID 0 is not unique")
+
+    with pytest.raises(MODULE.FilesError, match="account node_exporter: useradd exited 9: useradd: UID 0"):
+        MODULE.sync_account(ACCOUNT, check_mode=False, run=refuse)
+
+
+def test_the_action_plugin_refuses_an_account_without_its_group_or_with_an_unknown_key():
+    with pytest.raises(ACTION.AnsibleActionFail, match="unknown keys uid"):
+        ACTION.check_entries([dict(ACCOUNT, uid=0)], ACTION.ACCOUNT_KEYS, "user", "account")
+    with pytest.raises(ACTION.AnsibleActionFail, match="has no user"):
+        ACTION.check_entries([{"group": "x"}], ACTION.ACCOUNT_KEYS, "user", "account")

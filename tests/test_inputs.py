@@ -71,7 +71,7 @@ def test_a_phase_tag_still_runs_every_preflight_check():
                  "node_exporter : Check the settings", "alertmanager : Write alertmanager.yml"):
         assert task in listing, task
     # the install phase was not asked for: alertmanager's account task (listed when it is) is not there
-    account = "service : Create the system user of {{ service_name }}\tTAGS: [alertmanager, alertmanager:install]"
+    account = "service : Create the account and the directories of {{ service_name }}\tTAGS: [alertmanager, alertmanager:install]"
     assert account not in listing
     install = run(["-i", "inventories/example", "playbooks/site.yml", "--list-tasks", "--tags", "alertmanager:install"])
     assert account in install.stdout, install.stdout[-2000:]

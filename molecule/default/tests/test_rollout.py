@@ -38,7 +38,7 @@ def test_a_gpu_node_killed_mid_play_is_named_and_the_others_finish():
     for line in proc.stdout:
         lines.append(line)
         in_gpu_play = in_gpu_play or line.startswith("PLAY [GPU node telemetry]")
-        if in_gpu_play and not killed and line.startswith("TASK [service : Create the system group of node_exporter]"):
+        if in_gpu_play and not killed and line.startswith("TASK [service : Create the account and the directories of node_exporter]"):
             subprocess.run(["podman", "kill", GPU2], check=True, capture_output=True)
             killed = True
     rc = proc.wait(timeout=1800)

@@ -6,6 +6,9 @@ only reported what it would make) is left out and named in `skipped`; in a real 
 the host is touched. Contents travel to the module base64-encoded in its arguments (stdin with pipelining, never
 argv) and the module's option is no_log: they are never in the result, the log or a diff.
 
+`account` ({user, group, home, shell, comment}) is made first (a system group, a system user in it), in the same
+module run.
+
 `binaries` ({dest, src, sha256, owner, group, mode}) are large files (programs): the first module run compares each
 with its sha256 on the host and names those that differ; only those are sent (into Ansible's temporary directory on
 the host), and a second run installs them, checking the sha256 of what arrived. A converged host costs one module
@@ -23,6 +26,7 @@ from ansible.plugins.action import ActionBase
 FILE_KEYS = {"dest", "src", "content", "owner", "group", "mode", "validate", "diff"}
 DIRECTORY_KEYS = {"path", "owner", "group", "mode"}
 BINARY_KEYS = {"dest", "src", "sha256", "owner", "group", "mode"}
+ACCOUNT_KEYS = {"user", "group", "home", "shell", "comment"}
 
 
 def check_entries(entries, allowed, required, what):
@@ -66,11 +70,16 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("directories", "files", "absent", "binaries"))
+    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
+        account = self._task.args.get("account")
+        if account is not None:
+            check_entries([account], ACCOUNT_KEYS, "user", "account")
+            if not account.get("group"):
+                raise AnsibleActionFail("hpcobs_files: account has no group")
         directories = self._task.args.get("directories", [])
         files = self._task.args.get("files", [])
         absent = self._task.args.get("absent", [])
@@ -97,9 +106,10 @@ class ActionModule(ActionBase):
 
         encoded, skipped = encode_files(files, self._task.check_mode, read)
         compare = [{key: value for key, value in binary.items() if key != "src"} for binary in binaries]
-        module = self._execute_module(module_name="hpcobs_files",
-                                      module_args={"directories": directories, "files": encoded, "absent": absent,
-                                                   "binaries": compare},
+        module_args = {"directories": directories, "files": encoded, "absent": absent, "binaries": compare}
+        if account is not None:
+            module_args["account"] = account
+        module = self._execute_module(module_name="hpcobs_files", module_args=module_args,
                                       task_vars=task_vars)
         module.pop("invocation", None)
         if not module.get("failed") and module.get("transfer"):

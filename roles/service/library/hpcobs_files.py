@@ -16,6 +16,14 @@ description:
   - Called through the action plugin of the same name (roles/service/action_plugins), which reads C(src) files on
     the controller; see roles/service/README.md (entry points tls, web_config, web_tls).
 options:
+  account:
+    type: dict
+    description:
+      - "C({user, group, home, shell, comment}): a system group and a system user whose primary group it is, made
+        before the directories (which may belong to them): C(groupadd --system), C(useradd --system --no-create-home);
+        an existing user whose primary group, home, shell or comment differ is changed with C(usermod). Replaces an
+        C(ansible.builtin.group) and an C(ansible.builtin.user) task: one module run on a converged host."
+      - "In check mode nothing is made; the result says which would be (C(group_changed), C(user_changed))."
   directories:
     type: list
     elements: dict
@@ -51,6 +59,8 @@ options:
 """
 
 RETURN = r"""
+group_changed: {description: The account's group was (or would be) made, type: bool, returned: always}
+user_changed: {description: "The account's user was (or would be) made or changed", type: bool, returned: always}
 changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
 diff: {description: "With --diff, before and after of each changed file marked C(diff)", type: list, returned: with --diff}
 transfer: {description: "Binaries whose content differs and that came without C(src): the action plugin sends them", type: list, returned: always}
@@ -127,6 +137,64 @@ def sync_directory(entry, check_mode):
         os.chown(path, uid, gid, follow_symlinks=False)
         os.chmod(path, mode)
     return True
+
+
+ACCOUNT_NAME = "abcdefghijklmnopqrstuvwxyz0123456789_-"
+
+
+def account_commands(account, lookup_user, lookup_group):
+    """The commands that make the account as asked ([] when it already is): groupadd for a missing group, then
+    useradd for a missing user or usermod with only the fields that differ. lookup_user(name) and lookup_group(name)
+    return the pwd/grp entry or raise KeyError."""
+    user, group = account.get("user") or "", account.get("group") or ""
+    for kind, name in (("user", user), ("group", group)):
+        if not name or name[0] == "-" or any(char not in ACCOUNT_NAME for char in name) or len(name) > 32:
+            raise FilesError("account: the %s name %r is not a lowercase system account name" % (kind, name))
+    home, shell = account.get("home") or "/nonexistent", account.get("shell") or "/usr/sbin/nologin"
+    comment = account.get("comment") or ""
+    for what, value in (("home", home), ("shell", shell)):
+        if not value.startswith("/"):
+            raise FilesError("account %s: the %s %r is not an absolute path" % (user, what, value))
+    if any(char in comment for char in ":\n"):
+        raise FilesError("account %s: the comment may not hold ':' or a line break" % user)
+    commands = []
+    try:
+        gid = lookup_group(group).gr_gid
+    except KeyError:
+        gid = None
+        commands.append(["groupadd", "--system", group])
+    try:
+        entry = lookup_user(user)
+    except KeyError:
+        commands.append(["useradd", "--system", "--gid", group, "--no-create-home", "--home-dir", home,
+                         "--shell", shell, "--comment", comment, user])
+        return commands
+    changes = []
+    if gid is None or entry.pw_gid != gid:
+        changes += ["--gid", group]
+    if entry.pw_dir != home:
+        changes += ["--home", home]
+    if entry.pw_shell != shell:
+        changes += ["--shell", shell]
+    if entry.pw_gecos != comment:
+        changes += ["--comment", comment]
+    if changes:
+        commands.append(["usermod"] + changes + [user])
+    return commands
+
+
+def sync_account(account, check_mode, run=None):
+    """(group_changed, user_changed): make the account (see account_commands); in check mode only say so."""
+    commands = account_commands(account, pwd.getpwnam, grp.getgrnam)
+    if not check_mode:
+        for argv in commands:
+            result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                             timeout=120)
+            if result.returncode != 0:
+                raise FilesError("account %s: %s exited %d: %s" % (account.get("user"), argv[0], result.returncode,
+                                                                  (result.stderr or result.stdout).strip()[:600]))
+    return (any(argv[0] == "groupadd" for argv in commands),
+            any(argv[0] in ("useradd", "usermod") for argv in commands))
 
 
 def sha256_of(path):
@@ -304,6 +372,13 @@ def sync(directories, files, check_mode, diffs=None, absent=(), binaries=(), tra
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            account=dict(type="dict", options=dict(
+                user=dict(type="str", required=True),
+                group=dict(type="str", required=True),
+                home=dict(type="path", default="/nonexistent"),
+                shell=dict(type="path", default="/usr/sbin/nologin"),
+                comment=dict(type="str", default=""),
+            )),
             directories=dict(type="list", elements="dict", default=[], options=dict(
                 path=dict(type="path", required=True),
                 owner=dict(type="str", default="root"),
@@ -333,12 +408,16 @@ def main():
     )
     diffs = [] if module._diff else None
     transfer = []
+    group_changed = user_changed = False
     try:
+        if module.params["account"]:
+            group_changed, user_changed = sync_account(module.params["account"], module.check_mode)
         changed = sync(module.params["directories"], module.params["files"], module.check_mode, diffs,
                        module.params["absent"], module.params["binaries"], transfer)
     except (FilesError, OSError) as error:
         module.fail_json(msg=str(error), changed_paths=[])
-    result = dict(changed=bool(changed), changed_paths=changed, transfer=transfer)
+    result = dict(changed=bool(changed) or group_changed or user_changed, changed_paths=changed, transfer=transfer,
+                  group_changed=group_changed, user_changed=user_changed)
     if diffs:
         result["diff"] = diffs
     module.exit_json(**result)
