@@ -132,7 +132,11 @@ def test_units_enabled_and_active(host, unit):
 def test_exporter_runs_unprivileged(host, unit, user):
     pid = main_pid(host, unit)
     assert host.check_output("ps -o user= -p %s" % pid).strip() == user
-    assert host.user(user).shell.endswith("nologin")
+    account = host.user(user)
+    # made by roles/service's account (hpcobs_files): a system user in its own group, no home, no shell
+    assert account.shell == "/usr/sbin/nologin" and account.home == "/nonexistent"
+    assert account.group == user and account.uid < 1000 and account.gecos.endswith("(hpcobs)")
+    assert not host.file("/nonexistent").exists
     # no capability at all, in any set, and it can never gain one
     for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status_field(host, pid, field), 16) == 0, field
@@ -176,6 +180,13 @@ def test_helper_sockets_only_for_the_exporter_group(host, socket, group):
 def test_binary_is_the_bundled_ipmi_exporter(host):
     out = host.run("/usr/local/bin/ipmi_exporter --version")
     assert "version 1.10.1" in out.stdout + out.stderr
+
+
+def test_the_kernel_ipmi_drivers_are_listed_for_boot(host):
+    drivers = host.file("/etc/modules-load.d/ipmi_exporter.conf")
+    assert drivers.user == "root" and drivers.mode == 0o644
+    assert [line for line in drivers.content_string.splitlines() if line and not line.startswith("#")] == [
+        "ipmi_si", "ipmi_devintf"]
 
 
 def test_local_mode_reports_missing_ipmi_device(host):
