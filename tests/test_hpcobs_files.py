@@ -470,3 +470,58 @@ def test_the_action_plugin_refuses_an_account_without_its_group_or_with_an_unkno
         ACTION.check_entries([dict(ACCOUNT, uid=0)], ACTION.ACCOUNT_KEYS, "user", "account")
     with pytest.raises(ACTION.AnsibleActionFail, match="has no user"):
         ACTION.check_entries([{"group": "x"}], ACTION.ACCOUNT_KEYS, "user", "account")
+
+
+SHOW = """Id=node_exporter.service
+ActiveState=active
+UnitFileState=enabled
+
+Id=ipmi_exporter-local.socket
+ActiveState=active
+UnitFileState=disabled
+
+Id=smartctl_exporter.service
+ActiveState=failed
+UnitFileState=enabled
+
+Id=dcgm_exporter.service
+ActiveState=inactive
+UnitFileState=
+"""
+
+
+def test_only_units_both_active_and_enabled_are_named():
+    assert MODULE.parse_show(SHOW) == ["node_exporter.service"]
+    assert MODULE.parse_show("") == []
+
+
+def test_the_unit_state_is_read_with_one_systemctl_show_and_an_error_names_nothing(monkeypatch):
+    from types import SimpleNamespace
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        assert kwargs["env"]["LC_ALL"] == "C"
+        return SimpleNamespace(returncode=0, stdout=SHOW, stderr="")
+
+    units = ["node_exporter.service", "ipmi_exporter-local.socket", "smartctl_exporter.service"]
+    assert MODULE.units_active_enabled(units, run=run) == ["node_exporter.service"]
+    assert calls == [["systemctl", "--no-pager", "show", "--property=Id,ActiveState,UnitFileState", "--"] + units]
+    # a unit the output names but the task did not ask for is not taken
+    assert MODULE.units_active_enabled(["ipmi_exporter-local.socket"], run=run) == []
+    assert MODULE.units_active_enabled([], run=run) == [] and len(calls) == 2, "nothing asked, nothing run"
+
+    def fails(argv, **_):
+        return SimpleNamespace(returncode=1, stdout="", stderr="Failed to connect to bus")
+
+    def missing(argv, **_):
+        raise FileNotFoundError("systemctl")
+
+    assert MODULE.units_active_enabled(["node_exporter.service"], run=fails) == []
+    assert MODULE.units_active_enabled(["node_exporter.service"], run=missing) == []
+
+
+@pytest.mark.parametrize("name", ["--all", "node_exporter", "/etc/systemd/system/x.service", "a b.service", ""])
+def test_a_unit_name_that_is_an_option_or_a_path_is_refused(name):
+    with pytest.raises(MODULE.FilesError, match="is not a systemd unit name"):
+        MODULE.units_active_enabled([name], run=lambda *a, **k: pytest.fail("systemctl must not run"))

@@ -131,14 +131,16 @@ def test_site_preflight_refuses_a_control_character_in_grafana_ini(host):
 
 
 PROBE_BANNER = "TASK [service : Wait until the service answers /metrics]"
+START_BANNER = "TASK [service : Enable and start node_exporter.service]"
 
 
 def test_rerun_probes_a_service_only_when_it_started_it(named_host):
     """A rerun on the converged host does not ask the untouched service again; with hpcobs_ready_check_every_run it
     does, and a service systemd still sees active but that no longer answers (SIGSTOP) fails the run, naming it. The
     failure is remembered on the controller: the next plain rerun asks again (and fails while the service still does
-    not answer), the first that sees it answer forgets it, and the one after that does not ask. A service found
-    stopped is started and probed. On the secured host: the probe asks over HTTPS with the credential."""
+    not answer), the first that sees it answer forgets it, and the one after that does not ask (nor runs the task
+    that enables and starts the unit: the unit task found it active and enabled). A service found stopped is started
+    and probed; one found disabled is enabled. On the secured host: the probe asks over HTTPS with the credential."""
     host = named_host(SECURED)  # the secured host only: the probe there asks as a client must
     assert is_secured(host), SECURED
     converge = os.path.join(SCENARIO, "converge.yml")
@@ -171,10 +173,18 @@ def test_rerun_probes_a_service_only_when_it_started_it(named_host):
     assert not os.path.exists(marker), "a successful probe left the failure remembered"
     rc, output = playbook(host, converge, {})
     assert rc == 0 and PROBE_BANNER not in output, output[-3000:]
+    # the unit task found it active and enabled: no module run to enable and start it
+    assert START_BANNER not in output, output[-3000:]  # skipped tasks are not shown (display_skipped_hosts)
 
     host.check_output("systemctl stop node_exporter.service")
     rc, output = playbook(host, converge, {})
     assert rc == 0 and re.search(r"changed=1 .*failed=0", output), output[-3000:]
-    assert PROBE_BANNER in output, "node_exporter was started but not probed"
+    assert START_BANNER in output and PROBE_BANNER in output, "node_exporter was started but not probed"
     assert host.service("node_exporter").is_running
     scrape(host)
+
+    # running but no longer enabled (it would not come back after a reboot): the rerun enables it
+    host.check_output("systemctl disable node_exporter.service")
+    rc, output = playbook(host, converge, {})
+    assert rc == 0 and re.search(r"changed=1 .*failed=0", output), output[-3000:]
+    assert host.service("node_exporter").is_enabled and host.service("node_exporter").is_running

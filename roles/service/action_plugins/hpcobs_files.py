@@ -9,6 +9,9 @@ argv) and the module's option is no_log: they are never in the result, the log o
 `account` ({user, group, home, shell, comment}) is made first (a system group, a system user in it), in the same
 module run.
 
+`units` (unit names): their state is read after the files are written (one systemctl show); the result's
+`units_active_enabled` names those active and enabled.
+
 `binaries` ({dest, src, sha256, owner, group, mode}) are large files (programs): the first module run compares each
 with its sha256 on the host and names those that differ; only those are sent (into Ansible's temporary directory on
 the host), and a second run installs them, checking the sha256 of what arrived. A converged host costs one module
@@ -70,7 +73,7 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries"))
+    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries", "units"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -106,20 +109,24 @@ class ActionModule(ActionBase):
 
         encoded, skipped = encode_files(files, self._task.check_mode, read)
         compare = [{key: value for key, value in binary.items() if key != "src"} for binary in binaries]
-        module_args = {"directories": directories, "files": encoded, "absent": absent, "binaries": compare}
+        units = self._task.args.get("units", [])
+        if not isinstance(units, list) or not all(isinstance(name, str) for name in units):
+            raise AnsibleActionFail("hpcobs_files: units must be a list of unit names, got %r" % (units,))
+        module_args = {"directories": directories, "files": encoded, "absent": absent, "binaries": compare,
+                       "units": units}
         if account is not None:
             module_args["account"] = account
         module = self._execute_module(module_name="hpcobs_files", module_args=module_args,
                                       task_vars=task_vars)
         module.pop("invocation", None)
         if not module.get("failed") and module.get("transfer"):
-            module = self._send(binaries, module, task_vars)
+            module = self._send(binaries, module, task_vars, units)
         result.update(module)
         if skipped:
             result["skipped_paths"] = skipped
         return result
 
-    def _send(self, binaries, first, task_vars):
+    def _send(self, binaries, first, task_vars, units):
         """Send the binaries the first run named into the host's temporary directory, install them in a second run,
         remove the temporary directory; the result of both runs."""
         wanted = set(first["transfer"])
@@ -134,7 +141,7 @@ class ActionModule(ActionBase):
                     self._transfer_file(binary["src"], remote)
                     sent.append(dict(binary, src=remote))
             self._fixup_perms2([shell.tmpdir] + [binary["src"] for binary in sent])
-            second = self._execute_module(module_name="hpcobs_files", module_args={"binaries": sent},
+            second = self._execute_module(module_name="hpcobs_files", module_args={"binaries": sent, "units": units},
                                           task_vars=task_vars)
         finally:
             self._remove_tmp_path(shell.tmpdir)

@@ -56,6 +56,15 @@ options:
         C(transfer) (the action plugin then sends it); with C(src), a file the action plugin sent into its
         temporary directory, it is installed atomically like a file of I(files) once its sha256 is the one
         expected."
+  units:
+    type: list
+    elements: str
+    default: []
+    description:
+      - "systemd units (C(name.service), C(name.socket)) whose state is read after the files are written, with one
+        C(systemctl show): those active and enabled are named in C(units_active_enabled). Lets the role skip its
+        enable-and-start task (a module run of its own) for a unit this run left as it was and that already runs.
+        Read only, check mode too; a unit that cannot be read is simply not named."
 """
 
 RETURN = r"""
@@ -63,6 +72,7 @@ group_changed: {description: The account's group was (or would be) made, type: b
 user_changed: {description: "The account's user was (or would be) made or changed", type: bool, returned: always}
 changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
 diff: {description: "With --diff, before and after of each changed file marked C(diff)", type: list, returned: with --diff}
+units_active_enabled: {description: "Units of C(units) that are active and enabled", type: list, returned: always}
 transfer: {description: "Binaries whose content differs and that came without C(src): the action plugin sends them", type: list, returned: always}
 """
 
@@ -369,6 +379,46 @@ def sync(directories, files, check_mode, diffs=None, absent=(), binaries=(), tra
     return changed
 
 
+UNIT_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:_.@-\\"
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
+
+
+def check_unit_names(units):
+    """Unit names as systemd writes them; anything else (an option, a path) is refused."""
+    for name in units:
+        if (not name or name[0] == "-" or not name.endswith(UNIT_SUFFIXES) or len(name) > 255
+                or any(char not in UNIT_NAME for char in name)):
+            raise FilesError("units: %r is not a systemd unit name such as name.service" % (name,))
+
+
+def parse_show(output):
+    """The names that `systemctl show --property=Id,ActiveState,UnitFileState` reports active and enabled (its
+    blocks are separated by an empty line, one property a line)."""
+    running = []
+    for block in output.split("\n\n"):
+        properties = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if properties.get("ActiveState") == "active" and properties.get("UnitFileState") == "enabled":
+            running.append(properties.get("Id", ""))
+    return running
+
+
+def units_active_enabled(units, run=None):
+    """The units of the list that are active and enabled, read with one systemctl show; [] when it cannot be read
+    (the role then runs its enable-and-start task, which says why)."""
+    if not units:
+        return []
+    check_unit_names(units)
+    argv = ["systemctl", "--no-pager", "show", "--property=Id,ActiveState,UnitFileState", "--"] + list(units)
+    try:
+        result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                         timeout=60, env=dict(os.environ, LC_ALL="C", SYSTEMD_PAGER=""))
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if result.returncode != 0:
+        return []
+    return [name for name in parse_show(result.stdout) if name in units]
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -403,6 +453,7 @@ def main():
                 group=dict(type="str", default="root"),
                 mode=dict(type="raw", default="0755"),
             )),
+            units=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -414,10 +465,11 @@ def main():
             group_changed, user_changed = sync_account(module.params["account"], module.check_mode)
         changed = sync(module.params["directories"], module.params["files"], module.check_mode, diffs,
                        module.params["absent"], module.params["binaries"], transfer)
+        running = units_active_enabled(module.params["units"])
     except (FilesError, OSError) as error:
         module.fail_json(msg=str(error), changed_paths=[])
     result = dict(changed=bool(changed) or group_changed or user_changed, changed_paths=changed, transfer=transfer,
-                  group_changed=group_changed, user_changed=user_changed)
+                  group_changed=group_changed, user_changed=user_changed, units_active_enabled=running)
     if diffs:
         result["diff"] = diffs
     module.exit_json(**result)
