@@ -269,10 +269,9 @@ def test_check_usage(tmp_path):
     assert proc.returncode == 2 and "usage:" in proc.stderr
 
 
-def _version_check_script():
-    tasks = yaml.safe_load((REPO / "roles" / "slurm_hooks" / "tasks" / "preflight.yml").read_text())
-    [task] = [task for task in tasks if task.get("name") == "Read the Slurm version"]
-    return task["ansible.builtin.shell"]["cmd"]
+_probe_spec = importlib.util.spec_from_file_location("hpcobs_slurm_probe", ROLE / "library" / "hpcobs_slurm_probe.py")
+probe = importlib.util.module_from_spec(_probe_spec)
+_probe_spec.loader.exec_module(probe)
 
 
 @pytest.mark.parametrize("renames,rc", [
@@ -281,7 +280,7 @@ def _version_check_script():
     ({"rename": "#!/bin/sh\necho 'perl rename 1.14'\n"}, 2),        # Perl's rename only
     ({}, 2),                                                       # none
 ])
-def test_the_version_check_refuses_a_node_without_util_linux_rename(tmp_path, renames, rc):
+def test_the_version_probe_refuses_a_node_without_util_linux_rename(tmp_path, renames, rc):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "slurmd").write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
@@ -292,13 +291,55 @@ def test_the_version_check_refuses_a_node_without_util_linux_rename(tmp_path, re
         else:
             (bin_dir / name).write_text(target)
             (bin_dir / name).chmod(0o755)
-    env = {"PATH": str(bin_dir), "HPCOBS_CMDS": "slurmd scontrol slurmctld", "HPCOBS_NEED_RENAME": "1"}
-    result = subprocess.run(["/bin/sh", "-c", _version_check_script()], env=env, capture_output=True, text=True)
-    assert result.returncode == rc, result.stderr
+    commands = ["slurmd", "scontrol", "slurmctld"]
+    found_rc, version, error = probe.slurm_version(commands, str(bin_dir), need_rename=True)
+    assert found_rc == rc, error
     if rc == 2:
-        assert "util-linux rename" in result.stderr
+        assert "util-linux rename" in error and version == ""
     else:
-        assert result.stdout.startswith("slurmd slurm 24.11.5")
+        assert version == "slurmd slurm 24.11.5" and error == ""
     # the controllers (no hooks) do not need it
-    env["HPCOBS_NEED_RENAME"] = "0"
-    assert subprocess.run(["/bin/sh", "-c", _version_check_script()], env=env, capture_output=True).returncode == 0
+    assert probe.slurm_version(commands, str(bin_dir), need_rename=False) == (0, "slurmd slurm 24.11.5", "")
+
+
+def test_the_version_probe_takes_the_first_command_found_and_names_the_path_when_none_is(tmp_path):
+    for name, text in (("scontrol", "slurm 23.02.7"), ("slurmctld", "slurm 24.11.5")):
+        (tmp_path / name).write_text("#!/bin/sh\necho '%s'\n" % text)
+        (tmp_path / name).chmod(0o755)
+    assert probe.slurm_version(["slurmctld", "scontrol"], str(tmp_path), False) == (0, "slurmctld slurm 24.11.5", "")
+    assert probe.slurm_version(["slurmd", "scontrol"], str(tmp_path), False) == (0, "scontrol slurm 23.02.7", "")
+    assert probe.slurm_version(["slurmd"], str(tmp_path), False) == (1, "", "none of slurmd found in %s" % tmp_path)
+
+
+TMPFILES_CONFIG = """# /usr/lib/tmpfiles.d/systemd.conf
+d /run/user 0755 root root -
+# /etc/tmpfiles.d/hpcobs-dcgm-job-mapping.conf
+d /run/dcgm-job-mapping 0755 root root -
+D  /run/other/ 0700 root root
+"""
+
+
+@pytest.mark.parametrize("directory,declared", [
+    ("/run/dcgm-job-mapping", True),
+    ("/run/dcgm-job-mapping/", True),
+    ("/run/other", True),               # a trailing slash and D in the entry
+    ("/run/dcgm-job", False),           # a prefix is not the directory
+    ("/run/dcgm-job-mapping/x", False),
+    ("/run/user/0", False),
+])
+def test_the_tmpfiles_entry_must_name_the_directory_itself(directory, declared):
+    assert probe.tmpfiles_declares(TMPFILES_CONFIG, directory) is declared
+    assert not probe.tmpfiles_declares("# d /run/dcgm-job-mapping 0755\n", "/run/dcgm-job-mapping"), "a comment"
+
+
+def test_a_symlink_is_neither_the_textfile_directory_nor_slurm_conf(tmp_path):
+    import stat as stat_module
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "conf").write_text("")
+    (tmp_path / "dir-link").symlink_to(tmp_path / "dir")
+    (tmp_path / "conf-link").symlink_to(tmp_path / "conf")
+    assert probe.is_kind(str(tmp_path / "dir"), stat_module.S_ISDIR)
+    assert probe.is_kind(str(tmp_path / "conf"), stat_module.S_ISREG)
+    assert not probe.is_kind(str(tmp_path / "dir-link"), stat_module.S_ISDIR)
+    assert not probe.is_kind(str(tmp_path / "conf-link"), stat_module.S_ISREG)
+    assert not probe.is_kind(str(tmp_path / "missing"), stat_module.S_ISDIR)

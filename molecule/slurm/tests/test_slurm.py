@@ -597,3 +597,28 @@ def test_role_refuses_a_site_prolog_and_explains_the_ways_forward(clusters, role
         assert cases["conflict-conf"] == site
         # the live cluster was never reconfigured with the scratch files
         assert "ClusterName=site" not in cluster.ctl.check_output("scontrol show config")
+
+
+def test_role_stops_on_a_gpu_node_missing_what_the_hooks_need_before_installing_anything(clusters, role_cases):
+    """The role's one probe of a node (library/hpcobs_slurm_probe.py) finds the textfile directory missing, or no
+    tmpfiles.d entry for a mapping directory under /run: the role stops at the check that explains it, and the
+    hooks' configuration still names the directories converge gave it."""
+    expected = {
+        "no-textfile-dir": ("Check the textfile collector directory exists",
+                            "/var/lib/hpcobs-missing-textfile (slurm_hooks_textfile_dir) is not a directory on"),
+        "undeclared-mapping-dir": ("Check the mapping directory comes back after a reboot",
+                                   "/run/hpcobs-undeclared-mapping is under /run, which is empty after every boot, "
+                                   "and no tmpfiles.d entry declares it"),
+    }
+    for cluster in clusters:
+        for node in (cluster.gpu1, cluster.gpu2):
+            for case, (task, message) in expected.items():
+                record = json.loads(node.check_output("cat /tmp/hpcobs-role-cases/%s.json", case))
+                assert record["failed"] is True and record["task"] == task, (node, case, record)
+                assert message in " ".join(record["msg"].split()), record["msg"]
+                assert "Nothing was changed." in record["msg"]
+            assert not node.file("/var/lib/hpcobs-missing-textfile").exists
+            assert not node.file("/run/hpcobs-undeclared-mapping").exists
+            conf = node.file(HOOKS_CONF).content_string
+            assert "/run/hpcobs/dcgm-job-mapping" in conf and "/var/lib/node_exporter/textfile" in conf
+            assert "hpcobs-undeclared" not in conf and "hpcobs-missing" not in conf
