@@ -298,6 +298,25 @@ def test_through_ansible_a_rendered_unit_is_diffed_in_check_mode_and_a_failing_v
     assert unit.read_text() == "[Service]\nExecStart=/usr/local/bin/x\n", "the old unit stays"
 
 
+def test_through_ansible_a_unit_name_that_is_not_one_fails_before_a_file_is_written(tmp_path):
+    unit = tmp_path / "x.service"
+    unit.write_text("old\n")
+    entry = {"dest": str(unit), "content": "new\n", "owner": ME, "group": MY_GROUP, "mode": "0644"}
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"hpcobs_files": {"files": [entry], "units": ["--all"]}}]}]
+    rc, out = run_play(tmp_path, play)
+    assert rc != 0 and "units: '--all' is not a systemd unit name" in out, out
+    assert unit.read_text() == "old\n", "nothing was written"
+    # a unit name as systemd writes it: the file is written and the result names the units found running (a unit
+    # that does not exist, or a machine without systemd: none)
+    play[0]["tasks"] = [{"hpcobs_files": {"files": [entry], "units": ["hpcobs-test-no-such-unit.service"]},
+                         "register": "r"},
+                        {"ansible.builtin.assert": {"that": ["r.units_active_enabled == []", "r is changed"]}}]
+    rc, out = run_play(tmp_path, play)
+    assert rc == 0, out
+    assert unit.read_text() == "new\n"
+
+
 def binary(dest, data, mode="0755", src=None):
     item = {"dest": str(dest), "sha256": __import__("hashlib").sha256(data).hexdigest(), "owner": ME,
             "group": MY_GROUP, "mode": mode}

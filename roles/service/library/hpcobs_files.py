@@ -461,6 +461,7 @@ def main():
     transfer = []
     group_changed = user_changed = False
     try:
+        check_unit_names(module.params["units"])  # before anything changes
         if module.params["account"]:
             group_changed, user_changed = sync_account(module.params["account"], module.check_mode)
         changed = sync(module.params["directories"], module.params["files"], module.check_mode, diffs,
