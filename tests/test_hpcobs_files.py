@@ -544,3 +544,65 @@ def test_the_unit_state_is_read_with_one_systemctl_show_and_an_error_names_nothi
 def test_a_unit_name_that_is_an_option_or_a_path_is_refused(name):
     with pytest.raises(MODULE.FilesError, match="is not a systemd unit name"):
         MODULE.units_active_enabled([name], run=lambda *a, **k: pytest.fail("systemctl must not run"))
+
+
+def test_the_module_is_a_jsonargs_module_that_imports_nothing_from_ansible(tmp_path):
+    """Ansible sends it as JSONARGS (its text with the arguments in it, piped to Python), not as an AnsiballZ
+    payload: it must keep the marker and no module_utils import. Run as Ansible runs it, it imports no Ansible
+    module, reads check mode and diff from the arguments and answers in JSON."""
+    import json
+    import subprocess
+    from ansible.executor import module_common
+    path = os.path.join(ROOT, "roles/service/library/hpcobs_files.py")
+    with open(path, "rb") as handle:
+        source = handle.read()
+    assert module_common.REPLACER_JSONARGS in source
+    assert not module_common.NEW_STYLE_PYTHON_MODULE_RE.search(source), "an import of module_utils makes it AnsiballZ"
+    dest = tmp_path / "a" / "f.conf"
+    args = {"directories": [{"path": str(tmp_path / "a"), "owner": ME, "group": MY_GROUP, "mode": "0750"}],
+            "files": [dict(entry(dest, b"new\n"), diff=True)], "absent": [], "binaries": [], "units": [],
+            "_ansible_check_mode": True, "_ansible_diff": True}
+    (tmp_path / "a").mkdir()
+    dest.write_bytes(b"old\n")
+    payload = json.dumps(args).encode()
+    text = source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode())
+    text = text.replace(module_common.REPLACER_JSONARGS, payload)
+    probe = b"\nimport sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
+    result = subprocess.run([sys.executable], input=text.replace(b'\nif __name__ == "__main__":', probe
+                                                                 + b'\nif __name__ == "__main__":'),
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b"[]", "no Ansible module is imported"
+    answer = json.loads(result.stdout)
+    assert answer["changed"] and answer["changed_paths"] == [str(tmp_path / "a"), str(dest)]
+    assert answer["diff"][0]["before"] == "old\n" and answer["diff"][0]["after"] == "new\n"
+    assert dest.read_bytes() == b"old\n", "check mode wrote nothing"
+    args["_ansible_check_mode"] = False
+    args["files"][0]["mode"] = "rw"
+    payload = json.dumps(args).encode()
+    text = source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode()).replace(
+        module_common.REPLACER_JSONARGS, payload)
+    result = subprocess.run([sys.executable], input=text, capture_output=True, timeout=60)
+    answer = json.loads(result.stdout)
+    assert result.returncode == 1 and answer["failed"] and "is not an octal mode" in answer["msg"], answer
+    assert dest.read_bytes() == b"old\n"
+
+
+def test_the_action_plugin_validates_the_arguments_and_fills_in_the_defaults():
+    params = ACTION.module_arguments({"files": [{"dest": "/etc/x/a.conf", "content": "eA==", "diff": "yes"}],
+                                      "directories": [{"path": "/etc/x"}], "units": ["x.service"]})
+    assert params["files"][0] == {"dest": "/etc/x/a.conf", "content": "eA==", "owner": "root", "group": "root",
+                                  "mode": "0644", "validate": None, "diff": True}
+    assert params["directories"][0] == {"path": "/etc/x", "owner": "root", "group": "root", "mode": "0755"}
+    assert params["absent"] == [] and params["binaries"] == [] and params["account"] is None
+    account = ACTION.module_arguments({"account": {"user": "x", "group": "x"}})["account"]
+    assert account == {"user": "x", "group": "x", "home": "/nonexistent", "shell": "/usr/sbin/nologin",
+                       "comment": ""}
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"hpcobs_files: .*diff"):
+        ACTION.module_arguments({"files": [{"dest": "/a", "content": "", "diff": "perhaps"}]})
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"hpcobs_files: .*sha256"):
+        ACTION.module_arguments({"binaries": [{"dest": "/usr/local/bin/x"}]})
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"files: 'etc/x' is not an absolute path"):
+        ACTION.module_arguments({"files": [{"dest": "etc/x", "content": ""}]})
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"directories: '~/x' is not an absolute path"):
+        ACTION.module_arguments({"directories": [{"path": "~/x"}]})

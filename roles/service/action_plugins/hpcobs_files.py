@@ -16,6 +16,10 @@ module run.
 with its sha256 on the host and names those that differ; only those are sent (into Ansible's temporary directory on
 the host), and a second run installs them, checking the sha256 of what arrived. A converged host costs one module
 run for all of them, not a stat and a file run per program.
+
+The module imports nothing from Ansible (a JSONARGS module: one Python start on the host, not an AnsiballZ payload
+to unpack and compile), so its arguments are validated here, on the controller, against MODULE_ARGUMENT_SPEC, with
+their defaults filled in, before the host is touched.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import base64
 import os
 
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
@@ -30,6 +35,60 @@ FILE_KEYS = {"dest", "src", "content", "owner", "group", "mode", "validate", "di
 DIRECTORY_KEYS = {"path", "owner", "group", "mode"}
 BINARY_KEYS = {"dest", "src", "sha256", "owner", "group", "mode"}
 ACCOUNT_KEYS = {"user", "group", "home", "shell", "comment"}
+
+# What the module takes (its DOCUMENTATION describes each option); paths are absolute (checked below), not expanded.
+MODULE_ARGUMENT_SPEC = dict(
+    account=dict(type="dict", options=dict(
+        user=dict(type="str", required=True),
+        group=dict(type="str", required=True),
+        home=dict(type="str", default="/nonexistent"),
+        shell=dict(type="str", default="/usr/sbin/nologin"),
+        comment=dict(type="str", default=""),
+    )),
+    directories=dict(type="list", elements="dict", default=[], options=dict(
+        path=dict(type="str", required=True),
+        owner=dict(type="str", default="root"),
+        group=dict(type="str", default="root"),
+        mode=dict(type="raw", default="0755"),
+    )),
+    files=dict(type="list", elements="dict", default=[], options=dict(
+        dest=dict(type="str", required=True),
+        content=dict(type="str", required=True, no_log=True),
+        owner=dict(type="str", default="root"),
+        group=dict(type="str", default="root"),
+        mode=dict(type="raw", default="0644"),
+        validate=dict(type="str"),
+        diff=dict(type="bool", default=False),
+    )),
+    absent=dict(type="list", elements="str", default=[]),
+    binaries=dict(type="list", elements="dict", default=[], options=dict(
+        dest=dict(type="str", required=True),
+        sha256=dict(type="str", required=True),
+        src=dict(type="str"),
+        owner=dict(type="str", default="root"),
+        group=dict(type="str", default="root"),
+        mode=dict(type="raw", default="0755"),
+    )),
+    units=dict(type="list", elements="str", default=[]),
+)
+_VALIDATOR = ArgumentSpecValidator(MODULE_ARGUMENT_SPEC)
+
+
+def module_arguments(arguments):
+    """The module's arguments validated against MODULE_ARGUMENT_SPEC, defaults filled in; every path absolute.
+    Raises AnsibleActionFail naming what is wrong."""
+    result = _VALIDATOR.validate(arguments)
+    if result.error_messages:
+        raise AnsibleActionFail("hpcobs_files: %s" % "; ".join(result.error_messages))
+    params = result.validated_parameters
+    paths = ([("directories", entry["path"]) for entry in params["directories"]]
+             + [("files", entry["dest"]) for entry in params["files"]]
+             + [("binaries", entry["dest"]) for entry in params["binaries"]]
+             + [("absent", path) for path in params["absent"]])
+    for what, path in paths:
+        if not path.startswith("/"):
+            raise AnsibleActionFail("hpcobs_files: %s: %r is not an absolute path" % (what, path))
+    return params
 
 
 def check_entries(entries, allowed, required, what):
@@ -116,9 +175,8 @@ class ActionModule(ActionBase):
                        "units": units}
         if account is not None:
             module_args["account"] = account
-        module = self._execute_module(module_name="hpcobs_files", module_args=module_args,
+        module = self._execute_module(module_name="hpcobs_files", module_args=module_arguments(module_args),
                                       task_vars=task_vars)
-        module.pop("invocation", None)
         if not module.get("failed") and module.get("transfer"):
             module = self._send(binaries, module, task_vars, units)
         result.update(module)
@@ -141,11 +199,11 @@ class ActionModule(ActionBase):
                     self._transfer_file(binary["src"], remote)
                     sent.append(dict(binary, src=remote))
             self._fixup_perms2([shell.tmpdir] + [binary["src"] for binary in sent])
-            second = self._execute_module(module_name="hpcobs_files", module_args={"binaries": sent, "units": units},
+            second = self._execute_module(module_name="hpcobs_files",
+                                          module_args=module_arguments({"binaries": sent, "units": units}),
                                           task_vars=task_vars)
         finally:
             self._remove_tmp_path(shell.tmpdir)
-        second.pop("invocation", None)
         paths = first.get("changed_paths", []) + second.get("changed_paths", [])
         merged = dict(first, **second)
         merged.update(changed=bool(paths), changed_paths=paths, transfer=first["transfer"])
