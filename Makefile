@@ -17,11 +17,11 @@ CODE ?=
 
 .PHONY: help setup doctor images tools bundle bundle-local bundle-verify unbundle lab lab-down lab-fault lab-jobs lab-report lab-status \
         test lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality \
-        bench-mgmt bench-mgmt-smoke bench-smoke
+        bench-mgmt bench-mgmt-smoke bench-smoke bench-modules
 
 help:
 	@sed -n 's/^#   //p' Makefile
-	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality bench-mgmt bench-mgmt-smoke bench-smoke"
+	@echo "Other targets: setup doctor images tools bundle-local bundle-verify unbundle lab-down lab-fault lab-jobs lab-report lab-status lint unit molecule bench bench-deploy bench-deploy-smoke bench-cardinality bench-mgmt bench-mgmt-smoke bench-smoke bench-modules"
 
 setup:
 	@scripts/setup.sh
@@ -116,6 +116,11 @@ bench-mgmt: setup
 bench-mgmt-smoke: setup
 	@scripts/test.sh prepare
 	@python3 bench/mgmt.py --smoke
+
+# CPU of one module run by how Ansible sends it: builtin (AnsiballZ) modules against hpcobs_files (JSONARGS), on
+# localhost (about a minute; docs/performance.md).
+bench-modules: setup
+	@python3 bench/module_cost.py
 
 # The three smoke versions together (make test runs them as one lane): deploy (one node, baseline play), cardinality
 # (one node, the full GPU-node play), management host (20 nodes).
