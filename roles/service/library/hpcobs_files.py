@@ -11,8 +11,8 @@ description:
     and mode when just those differ.
   - One module run for what would otherwise be a stat and a copy per file: on a converged host the whole set costs
     one round trip.
-  - Contents are never returned, logged or shown as a diff (the option is no_log); the result names the paths that
-    changed (or would change in check mode).
+  - Contents are never returned, logged or shown as a diff (the option is no_log, and the module logs nothing); the
+    result names the paths that changed (or would change in check mode).
   - Called through the action plugin of the same name (roles/service/action_plugins), which reads C(src) files on
     the controller, validates the arguments and fills in their defaults; see roles/service/README.md (entry points
     tls, web_config, web_tls).
