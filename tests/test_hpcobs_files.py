@@ -564,13 +564,16 @@ def test_the_module_is_a_jsonargs_module_that_imports_nothing_from_ansible(tmp_p
             "_ansible_check_mode": True, "_ansible_diff": True}
     (tmp_path / "a").mkdir()
     dest.write_bytes(b"old\n")
-    payload = json.dumps(args).encode()
-    text = source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode())
-    text = text.replace(module_common.REPLACER_JSONARGS, payload)
+
+    def as_ansible_sends_it(arguments):
+        """The module's text with the arguments put in as module_common does for a JSONARGS module."""
+        payload = json.dumps(arguments).encode()
+        return source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode()).replace(
+            module_common.REPLACER_JSONARGS, payload)
+
     probe = b"\nimport sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
-    result = subprocess.run([sys.executable], input=text.replace(b'\nif __name__ == "__main__":', probe
-                                                                 + b'\nif __name__ == "__main__":'),
-                            capture_output=True, timeout=60)
+    result = subprocess.run([sys.executable], input=as_ansible_sends_it(args).replace(
+        b'\nif __name__ == "__main__":', probe + b'\nif __name__ == "__main__":'), capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr == b"[]", "no Ansible module is imported"
     answer = json.loads(result.stdout)
@@ -579,10 +582,7 @@ def test_the_module_is_a_jsonargs_module_that_imports_nothing_from_ansible(tmp_p
     assert dest.read_bytes() == b"old\n", "check mode wrote nothing"
     args["_ansible_check_mode"] = False
     args["files"][0]["mode"] = "rw"
-    payload = json.dumps(args).encode()
-    text = source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode()).replace(
-        module_common.REPLACER_JSONARGS, payload)
-    result = subprocess.run([sys.executable], input=text, capture_output=True, timeout=60)
+    result = subprocess.run([sys.executable], input=as_ansible_sends_it(args), capture_output=True, timeout=60)
     answer = json.loads(result.stdout)
     assert result.returncode == 1 and answer["failed"] and "is not an octal mode" in answer["msg"], answer
     assert dest.read_bytes() == b"old\n"

@@ -75,16 +75,16 @@ _VALIDATOR = ArgumentSpecValidator(MODULE_ARGUMENT_SPEC)
 
 
 def module_arguments(arguments):
-    """The module's arguments validated against MODULE_ARGUMENT_SPEC, defaults filled in; every path absolute.
-    Raises AnsibleActionFail naming what is wrong."""
+    """The module's arguments validated against MODULE_ARGUMENT_SPEC, defaults filled in; every path of a directory,
+    file or binary absolute (`absent` is checked where the task's arguments are read). Raises AnsibleActionFail naming
+    what is wrong."""
     result = _VALIDATOR.validate(arguments)
     if result.error_messages:
         raise AnsibleActionFail("hpcobs_files: %s" % "; ".join(result.error_messages))
     params = result.validated_parameters
     paths = ([("directories", entry["path"]) for entry in params["directories"]]
              + [("files", entry["dest"]) for entry in params["files"]]
-             + [("binaries", entry["dest"]) for entry in params["binaries"]]
-             + [("absent", path) for path in params["absent"]])
+             + [("binaries", entry["dest"]) for entry in params["binaries"]])
     for what, path in paths:
         if not path.startswith("/"):
             raise AnsibleActionFail("hpcobs_files: %s: %r is not an absolute path" % (what, path))
