@@ -403,6 +403,21 @@ def test_the_binaries_of_an_unpacked_archive():
         hpcobs_bundle.artifact_binaries(archive, "/usr/local/bin", ["vmalert"])
 
 
+def test_an_artifact_is_pending_until_verified_for_the_hosts_architecture():
+    import hpcobs_bundle
+    pending = hpcobs_bundle.artifact_pending
+    unpacked = {"artifact_unpacked": {"node_exporter": ["amd64"], "vmutils": ["amd64", "arm64"]}}
+    assert not pending("node_exporter", unpacked, {"architecture": "x86_64"})
+    assert pending("node_exporter", unpacked, {"architecture": "aarch64"})
+    assert not pending("vmutils", unpacked, {"architecture": "aarch64"})
+    assert pending("promtail", unpacked, {"architecture": "x86_64"})
+    # nothing verified yet in this run, or facts not gathered (the verification then refuses the host)
+    assert pending("node_exporter", {}, {"architecture": "x86_64"})
+    assert pending("node_exporter", {"artifact_unpacked": None}, {"architecture": "x86_64"})
+    assert pending("node_exporter", unpacked, {})
+    assert pending("node_exporter", {"artifact_unpacked": {"node_exporter": ["unknown"]}}, {"architecture": "ppc64le"})
+
+
 class FakeAccounts:
     """pwd/grp lookups over a dict, for account_commands: no account of the machine running the tests is touched."""
 
@@ -606,3 +621,81 @@ def test_the_action_plugin_validates_the_arguments_and_fills_in_the_defaults():
         ACTION.module_arguments({"files": [{"dest": "etc/x", "content": ""}]})
     with pytest.raises(ACTION.AnsibleActionFail, match=r"directories: '~/x' is not an absolute path"):
         ACTION.module_arguments({"directories": [{"path": "~/x"}]})
+    with pytest.raises(ACTION.AnsibleActionFail, match=r"relabel: 'usr/local/bin/x' is not an absolute path"):
+        ACTION.module_arguments({"relabel": ["usr/local/bin/x"]})
+    assert ACTION.module_arguments({})["relabel"] == []
+
+
+# restorecon -v's lines (policycoreutils 2.7 and later; -n prints "Would relabel" instead)
+RESTORECON = ("Relabeled /usr/local/bin/node_exporter from unconfined_u:object_r:user_tmp_t:s0 to "
+              "system_u:object_r:bin_t:s0\n"
+              "Relabeled /var/lib/node_exporter/textfile from unconfined_u:object_r:var_lib_t:s0 to "
+              "system_u:object_r:var_lib_t:s0\n")
+
+
+def test_relabel_runs_restorecon_once_and_names_what_it_relabelled():
+    from types import SimpleNamespace
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        assert kwargs["env"]["LC_ALL"] == "C"
+        text = RESTORECON if "-n" not in argv else RESTORECON.replace("Relabeled ", "Would relabel ")
+        return SimpleNamespace(returncode=0, stdout=text, stderr="")
+
+    paths = ["/usr/local/bin/node_exporter", "/var/lib/node_exporter"]
+    wanted = ["/usr/local/bin/node_exporter", "/var/lib/node_exporter/textfile"]
+    assert MODULE.relabel(paths, check_mode=False, run=run) == wanted
+    assert MODULE.relabel(paths, check_mode=True, run=run) == wanted
+    assert calls == [["restorecon", "-R", "-v"] + paths, ["restorecon", "-R", "-v", "-n"] + paths]
+    assert MODULE.relabel([], check_mode=False, run=run) == [] and len(calls) == 2, "nothing asked, nothing run"
+    quiet = SimpleNamespace(returncode=0, stdout="", stderr="")
+    assert MODULE.relabel(paths, check_mode=False, run=lambda *a, **k: quiet) == [], "labels already right"
+
+
+def test_a_relabel_that_fails_or_is_not_absolute_fails_the_task():
+    from types import SimpleNamespace
+
+    def fails(argv, **_):
+        return SimpleNamespace(returncode=255, stdout="", stderr="restorecon: lstat(/nonexistent) failed: No such file")
+
+    with pytest.raises(MODULE.FilesError, match=r"restorecon failed \(exit 255\): .*No such file"):
+        MODULE.relabel(["/nonexistent"], check_mode=False, run=fails)
+
+    def missing(argv, **_):
+        raise FileNotFoundError("restorecon")
+
+    with pytest.raises(MODULE.FilesError, match="restorecon did not run"):
+        MODULE.relabel(["/usr/local/bin/x"], check_mode=False, run=missing)
+    with pytest.raises(MODULE.FilesError, match="is not an absolute path"):
+        MODULE.relabel(["-F"], check_mode=False, run=lambda *a, **k: pytest.fail("restorecon must not run"))
+
+
+def test_a_relabelled_path_changes_the_run_and_a_failing_restorecon_fails_it(tmp_path, monkeypatch):
+    """The module as the unit task runs it: files right, a path relabelled -> changed, named in changed_paths and
+    relabelled; restorecon failing -> failed with its message. restorecon is a test double on PATH (these test
+    hosts have no SELinux)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    double = bin_dir / "restorecon"
+    double.write_text("#!/bin/sh\necho \"$@\" > %s/argv\nprintf '%%s' \"$RESTORECON_OUT\"\nexit ${RESTORECON_RC:-0}\n"
+                      % tmp_path)
+    double.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    dest = tmp_path / "x.service"
+    dest.write_bytes(b"[Unit]\n")
+    params = {"files": [entry(dest, b"[Unit]\n", "0644")], "relabel": ["/usr/local/bin/node_exporter"]}
+    monkeypatch.setenv("RESTORECON_OUT", RESTORECON.splitlines()[0] + "\n")
+    result = MODULE.run(params)
+    assert result["changed"] and result["changed_paths"] == ["/usr/local/bin/node_exporter"], result
+    assert result["relabelled"] == ["/usr/local/bin/node_exporter"]
+    assert (tmp_path / "argv").read_text() == "-R -v /usr/local/bin/node_exporter\n"
+    result = MODULE.run(dict(params, _ansible_check_mode=True))
+    assert (tmp_path / "argv").read_text() == "-R -v -n /usr/local/bin/node_exporter\n"
+    monkeypatch.setenv("RESTORECON_OUT", "")
+    result = MODULE.run(params)
+    assert not result["changed"] and result["relabelled"] == [], result
+    monkeypatch.setenv("RESTORECON_RC", "1")
+    result = MODULE.run(params)
+    assert result["failed"] and "restorecon failed (exit 1)" in result["msg"], result
+    assert MODULE.run(dict(params, relabel=[]))["changed"] is False, "no relabel asked, restorecon not run"

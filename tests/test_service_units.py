@@ -26,8 +26,9 @@ BEFORE["hpcobs-slurm-metrics-front"] = BEFORE["slurm_metrics"]
 
 
 def _front_unit_vars():
-    """The values roles/service tasks_from: vmauth_front gives the unit template (its import of unit.yml)."""
-    tasks = yaml.safe_load((SERVICE / "tasks" / "vmauth_front.yml").read_text())
+    """The values roles/service tasks_from: vmauth_front gives the unit template (its import of unit.yml, in the
+    tasks it includes for a wanted front)."""
+    tasks = yaml.safe_load((SERVICE / "tasks" / "vmauth_front_present.yml").read_text())
     [inner] = [t for t in tasks if t.get("ansible.builtin.import_tasks") == "unit.yml"]
     return inner["vars"]
 

@@ -397,6 +397,21 @@ def artifact_binaries(archive, bin_dir, names=()):
             for name in sorted(sources) if not names or name in names]
 
 
+_BUNDLE_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def artifact_pending(component, controller_vars, facts):
+    """True until this run has verified and unpacked the component for the host's architecture (roles/artifact
+    records that on the controller: artifact_unpacked, {component: [arch, ...]}); controller_vars: localhost's
+    variables, facts: the host's ansible_facts. A host of an unknown architecture stays pending (the verification
+    refuses it)."""
+    arch = _BUNDLE_ARCH.get((facts or {}).get("architecture", ""))
+    if arch is None:
+        return True
+    unpacked = (controller_vars or {}).get("artifact_unpacked") or {}
+    return arch not in unpacked.get(str(component), [])
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -414,4 +429,5 @@ class FilterModule:
             "hpcobs_collection_entries": collection_entries,
             "hpcobs_installed_collection": installed_collection,
             "hpcobs_artifact_binaries": artifact_binaries,
+            "hpcobs_artifact_pending": artifact_pending,
         }

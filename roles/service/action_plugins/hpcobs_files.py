@@ -12,6 +12,9 @@ module run.
 `units` (unit names): their state is read after the files are written (one systemctl show); the result's
 `units_active_enabled` names those active and enabled.
 
+`relabel` (absolute paths): restorecon -R -v over them after the files are written (-n in check mode); the task
+passes them only on a host with SELinux enabled.
+
 `binaries` ({dest, src, sha256, owner, group, mode}) are large files (programs): the first module run compares each
 with its sha256 on the host and names those that differ; only those are sent (into Ansible's temporary directory on
 the host), and a second run installs them, checking the sha256 of what arrived. A converged host costs one module
@@ -70,6 +73,7 @@ MODULE_ARGUMENT_SPEC = dict(
         mode=dict(type="raw", default="0755"),
     )),
     units=dict(type="list", elements="str", default=[]),
+    relabel=dict(type="list", elements="str", default=[]),
 )
 _VALIDATOR = ArgumentSpecValidator(MODULE_ARGUMENT_SPEC)
 
@@ -84,7 +88,8 @@ def module_arguments(arguments):
     params = result.validated_parameters
     paths = ([("directories", entry["path"]) for entry in params["directories"]]
              + [("files", entry["dest"]) for entry in params["files"]]
-             + [("binaries", entry["dest"]) for entry in params["binaries"]])
+             + [("binaries", entry["dest"]) for entry in params["binaries"]]
+             + [("relabel", path) for path in params["relabel"]])
     for what, path in paths:
         if not path.startswith("/"):
             raise AnsibleActionFail("hpcobs_files: %s: %r is not an absolute path" % (what, path))
@@ -132,7 +137,7 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries", "units"))
+    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries", "units", "relabel"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -171,20 +176,21 @@ class ActionModule(ActionBase):
         units = self._task.args.get("units", [])
         if not isinstance(units, list) or not all(isinstance(name, str) for name in units):
             raise AnsibleActionFail("hpcobs_files: units must be a list of unit names, got %r" % (units,))
+        relabel = self._task.args.get("relabel", [])
         module_args = {"directories": directories, "files": encoded, "absent": absent, "binaries": compare,
-                       "units": units}
+                       "units": units, "relabel": relabel}
         if account is not None:
             module_args["account"] = account
         module = self._execute_module(module_name="hpcobs_files", module_args=module_arguments(module_args),
                                       task_vars=task_vars)
         if not module.get("failed") and module.get("transfer"):
-            module = self._send(binaries, module, task_vars, units)
+            module = self._send(binaries, module, task_vars, units, relabel)
         result.update(module)
         if skipped:
             result["skipped_paths"] = skipped
         return result
 
-    def _send(self, binaries, first, task_vars, units):
+    def _send(self, binaries, first, task_vars, units, relabel):
         """Send the binaries the first run named into the host's temporary directory, install them in a second run,
         remove the temporary directory; the result of both runs."""
         wanted = set(first["transfer"])
@@ -200,11 +206,12 @@ class ActionModule(ActionBase):
                     sent.append(dict(binary, src=remote))
             self._fixup_perms2([shell.tmpdir] + [binary["src"] for binary in sent])
             second = self._execute_module(module_name="hpcobs_files",
-                                          module_args=module_arguments({"binaries": sent, "units": units}),
+                                          module_args=module_arguments({"binaries": sent, "units": units,
+                                                                             "relabel": relabel}),
                                           task_vars=task_vars)
         finally:
             self._remove_tmp_path(shell.tmpdir)
         paths = first.get("changed_paths", []) + second.get("changed_paths", [])
         merged = dict(first, **second)
-        merged.update(changed=bool(paths), changed_paths=paths, transfer=first["transfer"])
+        merged.update(changed=bool(paths), changed_paths=list(dict.fromkeys(paths)), transfer=first["transfer"])
         return merged

@@ -70,6 +70,15 @@ options:
         C(systemctl show): those active and enabled are named in C(units_active_enabled). Lets the role skip its
         enable-and-start task (a module run of its own) for a unit this run left as it was and that already runs.
         Read only, check mode too; a unit that cannot be read is simply not named."
+  relabel:
+    type: list
+    elements: path
+    default: []
+    description:
+      - "Paths given their SELinux policy's default labels after the files are written (C(restorecon -R -v); in check
+        mode C(-n), which only reports). Those relabelled (or that would be) count as changed paths, so a service
+        started under a wrong label is restarted by the task's handler. The task passes it only on a host with
+        SELinux enabled; a restorecon that fails fails the task."
 """
 
 RETURN = r"""
@@ -78,6 +87,7 @@ user_changed: {description: "The account's user was (or would be) made or change
 changed_paths: {description: Paths made or changed (or that would be in check mode), type: list, returned: always}
 diff: {description: "With --diff, before and after of each changed file marked C(diff)", type: list, returned: with --diff}
 units_active_enabled: {description: "Units of C(units) that are active and enabled", type: list, returned: always}
+relabelled: {description: "Paths restorecon relabelled (or would in check mode)", type: list, returned: always}
 transfer: {description: "Binaries whose content differs and that came without C(src): the action plugin sends them", type: list, returned: always}
 """
 
@@ -428,6 +438,34 @@ def units_active_enabled(units, run=None):
     return [name for name in parse_show(result.stdout) if name in units]
 
 
+RELABEL_PREFIXES = ("Relabeled ", "Would relabel ")
+
+
+def relabel(paths, check_mode, run=None):
+    """restorecon -R -v over the paths (-n in check mode: report only); the paths it relabelled or would, read from
+    its lines "Relabeled PATH from OLD to NEW" and "Would relabel PATH from OLD to NEW"."""
+    if not paths:
+        return []
+    for path in paths:
+        if not path.startswith("/"):
+            raise FilesError("relabel: %r is not an absolute path" % (path,))
+    argv = ["restorecon", "-R", "-v"] + (["-n"] if check_mode else []) + list(paths)
+    try:
+        result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                         timeout=600, env=dict(os.environ, LC_ALL="C"))
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise FilesError("relabel: restorecon did not run: %s" % error)
+    if result.returncode != 0:
+        raise FilesError("relabel: restorecon failed (exit %d): %s"
+                         % (result.returncode, (result.stderr or result.stdout).strip()[-400:]))
+    relabelled = []
+    for line in result.stdout.splitlines():
+        for prefix in RELABEL_PREFIXES:
+            if line.startswith(prefix):
+                relabelled.append(line[len(prefix):].split(" from ", 1)[0])
+    return relabelled
+
+
 def run(params):
     """The module's result for its arguments, as the action plugin sends them (validated, defaults filled in, plus
     Ansible's `_ansible_check_mode` and `_ansible_diff`)."""
@@ -442,11 +480,14 @@ def run(params):
             group_changed, user_changed = sync_account(params["account"], check_mode)
         changed = sync(params.get("directories") or [], params.get("files") or [], check_mode, diffs,
                        params.get("absent") or [], params.get("binaries") or [], transfer)
+        relabelled = relabel(params.get("relabel") or [], check_mode)
         running = units_active_enabled(units)
     except (FilesError, OSError) as error:
         return dict(failed=True, msg=str(error), changed=False, changed_paths=[])
+    changed = changed + [path for path in relabelled if path not in changed]
     result = dict(changed=bool(changed) or group_changed or user_changed, changed_paths=changed, transfer=transfer,
-                  group_changed=group_changed, user_changed=user_changed, units_active_enabled=running)
+                  group_changed=group_changed, user_changed=user_changed, units_active_enabled=running,
+                  relabelled=relabelled)
     if diffs:
         result["diff"] = diffs
     return result
