@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "playbooks", "filter_plugins"))
 
 import hpcobs_service  # noqa: E402
+from tooling import jsonargs_module, run_jsonargs_module  # noqa: E402
 
 
 def load(name, path):
@@ -565,41 +566,24 @@ def test_the_module_is_a_jsonargs_module_that_imports_nothing_from_ansible(tmp_p
     """Ansible sends it as JSONARGS (its text with the arguments in it, piped to Python), not as an AnsiballZ
     payload: it must keep the marker and no module_utils import. Run as Ansible runs it, it imports no Ansible
     module, reads check mode and diff from the arguments and answers in JSON."""
-    import json
-    import subprocess
-    from ansible.executor import module_common
-    path = os.path.join(ROOT, "roles/service/library/hpcobs_files.py")
-    with open(path, "rb") as handle:
-        source = handle.read()
-    assert module_common.REPLACER_JSONARGS in source
-    assert not module_common.NEW_STYLE_PYTHON_MODULE_RE.search(source), "an import of module_utils makes it AnsiballZ"
+    source = jsonargs_module(os.path.join(ROOT, "roles/service/library/hpcobs_files.py"))
     dest = tmp_path / "a" / "f.conf"
     args = {"directories": [{"path": str(tmp_path / "a"), "owner": ME, "group": MY_GROUP, "mode": "0750"}],
             "files": [dict(entry(dest, b"new\n"), diff=True)], "absent": [], "binaries": [], "units": [],
             "_ansible_check_mode": True, "_ansible_diff": True}
     (tmp_path / "a").mkdir()
     dest.write_bytes(b"old\n")
-
-    def as_ansible_sends_it(arguments):
-        """The module's text with the arguments put in as module_common does for a JSONARGS module."""
-        payload = json.dumps(arguments).encode()
-        return source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode()).replace(
-            module_common.REPLACER_JSONARGS, payload)
-
-    probe = b"\nimport sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
-    result = subprocess.run([sys.executable], input=as_ansible_sends_it(args).replace(
-        b'\nif __name__ == "__main__":', probe + b'\nif __name__ == "__main__":'), capture_output=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == b"[]", "no Ansible module is imported"
-    answer = json.loads(result.stdout)
+    probe = b"import sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
+    rc, answer, stderr = run_jsonargs_module(source, args, probe)
+    assert rc == 0, stderr
+    assert stderr == b"[]", "no Ansible module is imported"
     assert answer["changed"] and answer["changed_paths"] == [str(tmp_path / "a"), str(dest)]
     assert answer["diff"][0]["before"] == "old\n" and answer["diff"][0]["after"] == "new\n"
     assert dest.read_bytes() == b"old\n", "check mode wrote nothing"
     args["_ansible_check_mode"] = False
     args["files"][0]["mode"] = "rw"
-    result = subprocess.run([sys.executable], input=as_ansible_sends_it(args), capture_output=True, timeout=60)
-    answer = json.loads(result.stdout)
-    assert result.returncode == 1 and answer["failed"] and "is not an octal mode" in answer["msg"], answer
+    rc, answer, _ = run_jsonargs_module(source, args)
+    assert rc == 1 and answer["failed"] and "is not an octal mode" in answer["msg"], answer
     assert dest.read_bytes() == b"old\n"
 
 

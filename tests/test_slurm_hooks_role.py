@@ -343,3 +343,38 @@ def test_a_symlink_is_neither_the_textfile_directory_nor_slurm_conf(tmp_path):
     assert not probe.is_kind(str(tmp_path / "dir-link"), stat_module.S_ISDIR)
     assert not probe.is_kind(str(tmp_path / "conf-link"), stat_module.S_ISREG)
     assert not probe.is_kind(str(tmp_path / "missing"), stat_module.S_ISDIR)
+
+
+def test_the_probe_is_a_jsonargs_module_that_checks_its_arguments(tmp_path):
+    """Sent as JSONARGS (one Python start on the host, no AnsiballZ payload): run as Ansible runs it, it imports no
+    Ansible module, answers in JSON, reads nothing into check mode (it changes nothing), and refuses what
+    AnsibleModule refused: an unknown or missing argument, a wrong type."""
+    from tooling import jsonargs_module, run_jsonargs_module
+    source = jsonargs_module(ROLE / "library" / "hpcobs_slurm_probe.py")
+    (tmp_path / "slurmd").write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
+    (tmp_path / "slurmd").chmod(0o755)
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    args = {"commands": ["slurmd"], "path": str(tmp_path), "need_rename": "no", "slurm_conf": str(tmp_path / "slurm.conf"),
+            "textfile_dir": str(tmp_path / "slurm.conf"), "_ansible_check_mode": True, "_ansible_diff": False}
+    imported = b"import sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
+    rc, answer, stderr = run_jsonargs_module(source, args, imported)
+    assert rc == 0 and stderr == b"[]", stderr
+    assert answer == {"changed": False, "version_rc": 0, "version": "slurmd slurm 24.11.5", "version_error": "",
+                      "tmpfiles_declared": None, "textfile_isdir": False, "slurm_conf_isreg": True}
+    for wrong, message in (
+            (dict(args, colour="red"), "Unsupported parameters for (hpcobs_slurm_probe) module: colour"),
+            ({"commands": ["slurmd"]}, "missing required arguments: path"),
+            (dict(args, need_rename="perhaps"), "unable to convert to bool"),
+            (dict(args, commands="slurmd"), "'commands' must be a non-empty list of strings"),
+            (dict(args, commands=[]), "'commands' must be a non-empty list of strings"),
+            (dict(args, path=["/usr/bin"]), "'path' must be a string")):
+        rc, answer, _ = run_jsonargs_module(source, wrong)
+        assert rc == 1 and answer["failed"] and message in answer["msg"], (wrong, answer)
+
+
+def test_the_probe_takes_booleans_as_ansible_spells_them():
+    base = {"commands": ["slurmd"], "path": "/usr/bin"}
+    for value, wanted in ((True, True), ("yes", True), ("True", True), (1, True), ("off", False), (False, False),
+                          (None, False)):
+        assert probe.arguments(dict(base, need_rename=value))["need_rename"] is wanted, value
+    assert probe.arguments(base) == dict(base, need_rename=False, tmpfiles_dir="", textfile_dir="", slurm_conf="")

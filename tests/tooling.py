@@ -167,3 +167,27 @@ def render_scrape_config(work: Path, inventory: dict, extra_vars: dict) -> Path:
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out
+
+
+def jsonargs_module(path: Path) -> bytes:
+    """A JSONARGS module's text (roles/*/library): asserts Ansible will send it as one (its marker kept, no
+    module_utils import that would make it an AnsiballZ payload)."""
+    from ansible.executor import module_common
+    source = Path(path).read_bytes()
+    assert module_common.REPLACER_JSONARGS in source, "%s lost the JSONARGS marker" % path
+    assert not module_common.NEW_STYLE_PYTHON_MODULE_RE.search(source), \
+        "%s imports module_utils, which makes it an AnsiballZ module" % path
+    return source
+
+
+def run_jsonargs_module(source: bytes, arguments: dict, probe: bytes = b""):
+    """Run a JSONARGS module as Ansible does: its text with the arguments put in where module_common puts them, piped
+    to Python. `probe`: code run just before the module's main(). Returns (exit code, its JSON answer, stderr)."""
+    from ansible.executor import module_common
+    payload = json.dumps(arguments).encode()
+    text = source.replace(module_common.REPLACER_COMPLEX, repr(payload).encode()).replace(
+        module_common.REPLACER_JSONARGS, payload)
+    if probe:
+        text = text.replace(b'\nif __name__ == "__main__":', b"\n" + probe + b'\nif __name__ == "__main__":')
+    result = subprocess.run([sys.executable], input=text, capture_output=True, timeout=60, check=False)
+    return result.returncode, json.loads(result.stdout), result.stderr

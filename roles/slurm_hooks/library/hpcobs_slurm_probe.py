@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python
 # -*- coding: utf-8 -*-
 """Ansible module of the slurm_hooks role: what its preflight needs to know about a host, read in one module run."""
 
@@ -18,6 +18,10 @@ description:
     neither).
   - Replaces a shell task, a command task and two stat tasks of the role's preflight: one round trip per host.
     Changes nothing, in check mode too.
+  - Imports nothing from Ansible: the controller hands it its arguments as JSON inside the module's own text (a
+    JSONARGS module, as roles/service's hpcobs_files), so a run on the host is one Python start with the standard
+    library, not an AnsiballZ payload to unpack and compile (bench/module_cost.py). It checks its arguments itself
+    (arguments() below) and refuses unknown ones, as AnsibleModule would.
 options:
   commands:
     description: Slurm commands to try, in order (the first found gives the version).
@@ -55,13 +59,30 @@ textfile_isdir: {description: "Whether I(textfile_dir) is a directory; null when
 slurm_conf_isreg: {description: "Whether I(slurm_conf) is a regular file; null when not asked", type: bool, returned: always}
 """
 
+import json
 import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 
-from ansible.module_utils.basic import AnsibleModule
+# The controller puts the arguments here (a Python bytes literal of their JSON; the marker below, which makes this a
+# JSONARGS module, receives the same JSON in a comment): <<INCLUDE_ANSIBLE_MODULE_JSON_ARGS>>
+ARGUMENTS = "<<INCLUDE_ANSIBLE_MODULE_COMPLEX_ARGS>>"
+
+# name: (type, required, default), as DOCUMENTATION says
+OPTIONS = {
+    "commands": (list, True, None),
+    "path": (str, True, None),
+    "need_rename": (bool, False, False),
+    "tmpfiles_dir": (str, False, ""),
+    "textfile_dir": (str, False, ""),
+    "slurm_conf": (str, False, ""),
+}
+# Ansible's spellings of a boolean (module_utils.parsing.convert_bool)
+TRUE = ("y", "yes", "on", "1", "true", "t", "1.0")
+FALSE = ("n", "no", "off", "0", "false", "f", "0.0")
 
 NO_RENAME = "util-linux rename (rename.ul or rename from util-linux), which the hooks run, is not installed"
 
@@ -120,19 +141,42 @@ def is_kind(path, test):
         return False
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            commands=dict(type="list", elements="str", required=True),
-            path=dict(type="str", required=True),
-            need_rename=dict(type="bool", default=False),
-            tmpfiles_dir=dict(type="str", default=""),
-            textfile_dir=dict(type="str", default=""),
-            slurm_conf=dict(type="str", default=""),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
+class ArgumentError(Exception):
+    """Arguments the module does not take: the message names them."""
+
+
+def arguments(raw):
+    """The module's parameters from what Ansible sent (its own `_ansible_*` keys left out): known options only,
+    required ones present, each of its type (a boolean also as Ansible spells one, a list of strings for commands),
+    defaults filled in."""
+    unknown = sorted(key for key in raw if key not in OPTIONS and not key.startswith("_ansible_"))
+    if unknown:
+        raise ArgumentError("Unsupported parameters for (hpcobs_slurm_probe) module: %s. Supported parameters "
+                            "include: %s." % (", ".join(unknown), ", ".join(sorted(OPTIONS))))
+    params = {}
+    for name, (kind, required, default) in OPTIONS.items():
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise ArgumentError("missing required arguments: %s" % name)
+            value = default
+        elif kind is bool and not isinstance(value, bool):
+            text = str(value).strip().lower()
+            if text not in TRUE + FALSE:
+                raise ArgumentError("argument '%s' is of type %s and we were unable to convert to bool: %r"
+                                    % (name, type(value).__name__, value))
+            value = text in TRUE
+        elif kind is list:
+            if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+                raise ArgumentError("argument '%s' must be a non-empty list of strings, got %r" % (name, value))
+        elif not isinstance(value, kind):
+            raise ArgumentError("argument '%s' must be a string, got %r" % (name, value))
+        params[name] = value
+    return params
+
+
+def probe(params):
+    """The module's result for its checked parameters."""
     rc, version, error = slurm_version(params["commands"], params["path"], params["need_rename"])
     result = dict(changed=False, version_rc=rc, version=version, version_error=error, tmpfiles_declared=None,
                   textfile_isdir=None, slurm_conf_isreg=None)
@@ -141,16 +185,30 @@ def main():
         try:
             config = _run(argv, dict(os.environ, LC_ALL="C", SYSTEMD_PAGER=""))
         except (OSError, subprocess.TimeoutExpired) as failure:
-            module.fail_json(msg="systemd-tmpfiles --cat-config could not run: %s" % failure, **result)
+            return dict(result, failed=True, msg="systemd-tmpfiles --cat-config could not run: %s" % failure)
         if config.returncode != 0:
-            module.fail_json(msg="systemd-tmpfiles --cat-config exited %d: %s"
-                             % (config.returncode, config.stderr.strip()[:600]), **result)
+            return dict(result, failed=True, msg="systemd-tmpfiles --cat-config exited %d: %s"
+                        % (config.returncode, config.stderr.strip()[:600]))
         result["tmpfiles_declared"] = tmpfiles_declares(config.stdout, params["tmpfiles_dir"])
     if params["textfile_dir"]:
         result["textfile_isdir"] = is_kind(params["textfile_dir"], stat.S_ISDIR)
     if params["slurm_conf"]:
         result["slurm_conf_isreg"] = is_kind(params["slurm_conf"], stat.S_ISREG)
-    module.exit_json(**result)
+    return result
+
+
+def run(raw):
+    """The answer to what Ansible sent (read only: the same in check mode)."""
+    try:
+        return probe(arguments(raw))
+    except ArgumentError as error:
+        return dict(changed=False, failed=True, msg=str(error))
+
+
+def main():
+    result = run(json.loads(ARGUMENTS))
+    sys.stdout.write(json.dumps(result))
+    sys.exit(1 if result.get("failed") else 0)
 
 
 if __name__ == "__main__":
