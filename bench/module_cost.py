@@ -17,6 +17,9 @@ The modules compared, on a converged host (nothing to change):
   ansible.builtin.stat    one file read (AnsiballZ)
   ansible.builtin.file    one directory as it should be (AnsiballZ)
   hpcobs_files            the same directory and a file in it, as roles/service calls it (JSONARGS)
+  ansible.builtin.command a query: `true` (AnsiballZ)
+  hpcobs_read             the same query, as roles/service's packages, holds_group and slurm_hooks' self-test run
+                          theirs (JSONARGS)
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ def play(kind, count, workdir):
             "directories": [{"path": target, "owner": "{{ me }}", "group": "{{ my_group }}", "mode": "0755"}],
             "files": [{"dest": target + "/f", "content": "x\n", "owner": "{{ me }}", "group": "{{ my_group }}",
                        "mode": "0644"}]}},
+        "ansible.builtin.command": {"ansible.builtin.command": {"argv": ["true"]}, "changed_when": False},
+        "hpcobs_read": {"hpcobs_read": {"argv": ["true"]}},
     }
     task = dict(modules[kind], loop="{{ range(%d) | list }}" % count, register="r")
     check = {"ansible.builtin.assert": {"that": ["r.results | length == %d" % count, "r is not changed"],
@@ -88,14 +93,15 @@ def main():
         os.chmod(workdir / "d", 0o755)
         (workdir / "d" / "f").write_text("x\n")
         os.chmod(workdir / "d" / "f", 0o644)
-        for kind in ("ansible.builtin.stat", "ansible.builtin.file", "hpcobs_files"):
+        for kind in ("ansible.builtin.stat", "ansible.builtin.file", "hpcobs_files", "ansible.builtin.command",
+                     "hpcobs_read"):
             per_run = []
             for _ in range(args.repeat):
                 empty = cpu_of(kind, 0, workdir, args.python)
                 full = cpu_of(kind, args.count, workdir, args.python)
                 per_run.append((full - empty) / args.count)
             figures[kind] = sorted(per_run)
-            print("%-22s CPU s per module run (min / median / max of %d): %.3f / %.3f / %.3f"
+            print("%-24s CPU s per module run (min / median / max of %d): %.3f / %.3f / %.3f"
                   % (kind, args.repeat, min(per_run), statistics.median(per_run), max(per_run)), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"count": args.count, "repeat": args.repeat, "python": args.python,

@@ -19,8 +19,7 @@ MIN_FACTS = {"architecture", "distribution", "distribution_major_version", "dist
              "distribution_release", "os_family", "service_mgr", "selinux", "hostname", "fqdn", "nodename",
              "python", "python_version", "local", "env", "user_id", "pkg_mgr", "machine", "system", "kernel"}
 # Read after a task of the same role gathers them (module or setup with another subset).
-GATHERED_BY_THE_ROLE = {"all_ipv4_addresses": "alertmanager", "all_ipv6_addresses": "alertmanager",
-                        "getent_group": None}
+GATHERED_BY_THE_ROLE = {"all_ipv4_addresses": "alertmanager", "all_ipv6_addresses": "alertmanager"}
 
 
 def plays():
