@@ -683,3 +683,43 @@ def test_a_relabelled_path_changes_the_run_and_a_failing_restorecon_fails_it(tmp
     result = MODULE.run(params)
     assert result["failed"] and "restorecon failed (exit 1)" in result["msg"], result
     assert MODULE.run(dict(params, relabel=[]))["changed"] is False, "no relabel asked, restorecon not run"
+
+
+def test_a_unit_that_should_not_be_there_is_stopped_disabled_and_removed_then_systemd_reloaded(tmp_path):
+    from types import SimpleNamespace
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        assert kwargs["env"]["LC_ALL"] == "C"
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    (tmp_path / "ipmi_exporter-front.service").write_text("[Service]\n")
+    wanted = [str(tmp_path / "ipmi_exporter-front.service")]
+    units = ["ipmi_exporter-front.service", "loki-front.service"]
+    assert MODULE.remove_units(units, check_mode=True, run=run, unit_dir=str(tmp_path)) == wanted
+    assert calls == [] and (tmp_path / "ipmi_exporter-front.service").exists(), "check mode only names it"
+    assert MODULE.remove_units(units, check_mode=False, run=run, unit_dir=str(tmp_path)) == wanted
+    assert calls == [["systemctl", "disable", "--now", "--", "ipmi_exporter-front.service"],
+                     ["systemctl", "daemon-reload"]], "only the unit that is there, one reload"
+    assert not (tmp_path / "ipmi_exporter-front.service").exists()
+    assert MODULE.remove_units(units, check_mode=False, run=run, unit_dir=str(tmp_path)) == []
+    assert len(calls) == 2, "nothing there, nothing run"
+
+
+def test_a_unit_removal_that_fails_leaves_the_file_and_a_bad_name_changes_nothing(tmp_path):
+    from types import SimpleNamespace
+    unit = tmp_path / "x-front.service"
+    unit.write_text("[Service]\n")
+
+    def fails(argv, **_):
+        return SimpleNamespace(returncode=1, stdout="", stderr="Failed to connect to bus")
+
+    with pytest.raises(MODULE.FilesError, match=r"systemctl disable --now -- x-front.service failed \(exit 1\)"):
+        MODULE.remove_units(["x-front.service"], check_mode=False, run=fails, unit_dir=str(tmp_path))
+    assert unit.exists()
+    dest = tmp_path / "a.conf"
+    result = MODULE.run({"files": [entry(dest, b"x\n")], "remove_units": ["--all"]})
+    assert result["failed"] and "remove_units: '--all' is not a systemd unit name" in result["msg"], result
+    assert not dest.exists(), "refused before anything changed"
+    assert ACTION.module_arguments({})["remove_units"] == []

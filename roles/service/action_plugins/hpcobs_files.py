@@ -12,6 +12,8 @@ module run.
 `units` (unit names): their state is read after the files are written (one systemctl show); the result's
 `units_active_enabled` names those active and enabled.
 
+`remove_units` (unit names): units that should not be there, stopped, disabled and their files removed first.
+
 `relabel` (absolute paths): restorecon -R -v over them after the files are written (-n in check mode); the task
 passes them only on a host with SELinux enabled.
 
@@ -74,6 +76,7 @@ MODULE_ARGUMENT_SPEC = dict(
     )),
     units=dict(type="list", elements="str", default=[]),
     relabel=dict(type="list", elements="str", default=[]),
+    remove_units=dict(type="list", elements="str", default=[]),
 )
 _VALIDATOR = ArgumentSpecValidator(MODULE_ARGUMENT_SPEC)
 
@@ -137,7 +140,8 @@ def encode_files(files, check_mode, read):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries", "units", "relabel"))
+    _VALID_ARGS = frozenset(("account", "directories", "files", "absent", "binaries", "units", "relabel",
+                             "remove_units"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -178,7 +182,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("hpcobs_files: units must be a list of unit names, got %r" % (units,))
         relabel = self._task.args.get("relabel", [])
         module_args = {"directories": directories, "files": encoded, "absent": absent, "binaries": compare,
-                       "units": units, "relabel": relabel}
+                       "units": units, "relabel": relabel, "remove_units": self._task.args.get("remove_units", [])}
         if account is not None:
             module_args["account"] = account
         module = self._execute_module(module_name="hpcobs_files", module_args=module_arguments(module_args),

@@ -70,6 +70,14 @@ options:
         C(systemctl show): those active and enabled are named in C(units_active_enabled). Lets the role skip its
         enable-and-start task (a module run of its own) for a unit this run left as it was and that already runs.
         Read only, check mode too; a unit that cannot be read is simply not named."
+  remove_units:
+    type: list
+    elements: str
+    default: []
+    description:
+      - "systemd units (C(name.service)) that should not be there: each whose file is in /etc/systemd/system is stopped
+        and disabled (C(systemctl disable --now)), its file removed, then systemd reloaded once; before anything
+        else of the run. A unit that is not there costs nothing. In check mode only named."
   relabel:
     type: list
     elements: path
@@ -402,12 +410,41 @@ UNIT_NAME = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:_.@-
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".path", ".mount", ".target")
 
 
-def check_unit_names(units):
+UNIT_DIR = "/etc/systemd/system"
+
+
+def check_unit_names(units, option="units"):
     """Unit names as systemd writes them; anything else (an option, a path) is refused."""
     for name in units:
         if (not name or name[0] == "-" or not name.endswith(UNIT_SUFFIXES) or len(name) > 255
                 or any(char not in UNIT_NAME for char in name)):
-            raise FilesError("units: %r is not a systemd unit name such as name.service" % (name,))
+            raise FilesError("%s: %r is not a systemd unit name such as name.service" % (option, name))
+
+
+def remove_units(units, check_mode, run=None, unit_dir=UNIT_DIR):
+    """Units that should not be there: those with a file in unit_dir are stopped and disabled, their files removed,
+    then one daemon-reload. The unit files removed (or that would be)."""
+    check_unit_names(units, "remove_units")
+    present = [name for name in units if os.path.lexists(os.path.join(unit_dir, name))]
+    if not present or check_mode:
+        return [os.path.join(unit_dir, name) for name in present]
+
+    def systemctl(*args):
+        argv = ["systemctl"] + list(args)
+        try:
+            result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                             timeout=300, env=dict(os.environ, LC_ALL="C", SYSTEMD_PAGER=""))
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise FilesError("remove_units: %s did not run: %s" % (" ".join(argv), error))
+        if result.returncode != 0:
+            raise FilesError("remove_units: %s failed (exit %d): %s"
+                             % (" ".join(argv), result.returncode, (result.stderr or result.stdout).strip()[-400:]))
+
+    systemctl("disable", "--now", "--", *present)
+    for name in present:
+        remove_file(os.path.join(unit_dir, name), False)
+    systemctl("daemon-reload")
+    return [os.path.join(unit_dir, name) for name in present]
 
 
 def parse_show(output):
@@ -476,10 +513,12 @@ def run(params):
     try:
         units = params.get("units") or []
         check_unit_names(units)  # before anything changes
+        check_unit_names(params.get("remove_units") or [], "remove_units")
+        removed = remove_units(params.get("remove_units") or [], check_mode)
         if params.get("account"):
             group_changed, user_changed = sync_account(params["account"], check_mode)
-        changed = sync(params.get("directories") or [], params.get("files") or [], check_mode, diffs,
-                       params.get("absent") or [], params.get("binaries") or [], transfer)
+        changed = removed + sync(params.get("directories") or [], params.get("files") or [], check_mode, diffs,
+                                 params.get("absent") or [], params.get("binaries") or [], transfer)
         relabelled = relabel(params.get("relabel") or [], check_mode)
         running = units_active_enabled(units)
     except (FilesError, OSError) as error:
