@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "playbooks", "filter_plugins"))
 
 import hpcobs_service  # noqa: E402
-from tooling import jsonargs_module, run_jsonargs_module  # noqa: E402
+from tooling import REPORT_ANSIBLE_IMPORTS, jsonargs_module, run_jsonargs_module  # noqa: E402
 
 
 def load(name, path):
@@ -573,8 +573,7 @@ def test_the_module_is_a_jsonargs_module_that_imports_nothing_from_ansible(tmp_p
             "_ansible_check_mode": True, "_ansible_diff": True}
     (tmp_path / "a").mkdir()
     dest.write_bytes(b"old\n")
-    probe = b"import sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
-    rc, answer, stderr = run_jsonargs_module(source, args, probe)
+    rc, answer, stderr = run_jsonargs_module(source, args, REPORT_ANSIBLE_IMPORTS)
     assert rc == 0, stderr
     assert stderr == b"[]", "no Ansible module is imported"
     assert answer["changed"] and answer["changed_paths"] == [str(tmp_path / "a"), str(dest)]

@@ -3,7 +3,7 @@ the groups of a running service, the hooks' self-test), sent as a JSONARGS modul
 import importlib.util
 import pytest
 
-from tooling import REPO, jsonargs_module, run_jsonargs_module
+from tooling import REPO, REPORT_ANSIBLE_IMPORTS, jsonargs_module, run_jsonargs_module
 
 PATH = REPO / "roles" / "service" / "library" / "hpcobs_read.py"
 _spec = importlib.util.spec_from_file_location("hpcobs_read", PATH)
@@ -13,9 +13,8 @@ _spec.loader.exec_module(MODULE)
 
 def test_run_as_ansible_runs_it_it_imports_nothing_from_ansible_and_returns_what_the_command_printed():
     source = jsonargs_module(PATH)
-    imported = b"import sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
     argv = ["/bin/sh", "-c", 'printf "a b\\nc\\n\\n"; echo warn >&2; exit 3']
-    rc, answer, stderr = run_jsonargs_module(source, {"argv": argv, "_ansible_check_mode": True}, imported)
+    rc, answer, stderr = run_jsonargs_module(source, {"argv": argv, "_ansible_check_mode": True}, REPORT_ANSIBLE_IMPORTS)
     assert rc == 0 and stderr == b"[]", stderr
     assert answer == {"changed": False, "cmd": argv, "rc": 3, "stdout": "a b\nc", "stderr": "warn",
                       "stdout_lines": ["a b", "c"], "stderr_lines": ["warn"]}, "runs in check mode, rc not judged"

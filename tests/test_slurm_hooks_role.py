@@ -349,15 +349,14 @@ def test_the_probe_is_a_jsonargs_module_that_checks_its_arguments(tmp_path):
     """Sent as JSONARGS (one Python start on the host, no AnsiballZ payload): run as Ansible runs it, it imports no
     Ansible module, answers in JSON, reads nothing into check mode (it changes nothing), and refuses what
     AnsibleModule refused: an unknown or missing argument, a wrong type."""
-    from tooling import jsonargs_module, run_jsonargs_module
+    from tooling import REPORT_ANSIBLE_IMPORTS, jsonargs_module, run_jsonargs_module
     source = jsonargs_module(ROLE / "library" / "hpcobs_slurm_probe.py")
     (tmp_path / "slurmd").write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
     (tmp_path / "slurmd").chmod(0o755)
     (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
     args = {"commands": ["slurmd"], "path": str(tmp_path), "need_rename": "no", "slurm_conf": str(tmp_path / "slurm.conf"),
             "textfile_dir": str(tmp_path / "slurm.conf"), "_ansible_check_mode": True, "_ansible_diff": False}
-    imported = b"import sys as _s\n_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n"
-    rc, answer, stderr = run_jsonargs_module(source, args, imported)
+    rc, answer, stderr = run_jsonargs_module(source, args, REPORT_ANSIBLE_IMPORTS)
     assert rc == 0 and stderr == b"[]", stderr
     assert answer == {"changed": False, "version_rc": 0, "version": "slurmd slurm 24.11.5", "version_error": "",
                       "tmpfiles_declared": None, "textfile_isdir": False, "slurm_conf_isreg": True}

@@ -180,6 +180,11 @@ def jsonargs_module(path: Path) -> bytes:
     return source
 
 
+# Code for run_jsonargs_module's `probe`: writes to stderr the sorted names of the `ansible*` modules imported by then.
+REPORT_ANSIBLE_IMPORTS = (b"import sys as _s\n"
+                          b"_s.stderr.write(repr(sorted(m for m in _s.modules if m.startswith('ansible'))))\n")
+
+
 def run_jsonargs_module(source: bytes, arguments: dict, probe: bytes = b""):
     """Run a JSONARGS module as Ansible does: its text with the arguments put in where module_common puts them, piped
     to Python. `probe`: code run just before the module's main(). Returns (exit code, its JSON answer, stderr)."""

@@ -428,22 +428,11 @@ def remove_units(units, check_mode, run=None, unit_dir=UNIT_DIR):
     present = [name for name in units if os.path.lexists(os.path.join(unit_dir, name))]
     if not present or check_mode:
         return [os.path.join(unit_dir, name) for name in present]
-
-    def systemctl(*args):
-        argv = ["systemctl"] + list(args)
-        try:
-            result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                             timeout=300, env=dict(os.environ, LC_ALL="C", SYSTEMD_PAGER=""))
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise FilesError("remove_units: %s did not run: %s" % (" ".join(argv), error))
-        if result.returncode != 0:
-            raise FilesError("remove_units: %s failed (exit %d): %s"
-                             % (" ".join(argv), result.returncode, (result.stderr or result.stdout).strip()[-400:]))
-
-    systemctl("disable", "--now", "--", *present)
+    stop = ["systemctl", "disable", "--now", "--"] + present
+    checked(stop, "remove_units", " ".join(stop), run, timeout=300)
     for name in present:
         remove_file(os.path.join(unit_dir, name), False)
-    systemctl("daemon-reload")
+    checked(["systemctl", "daemon-reload"], "remove_units", "systemctl daemon-reload", run, timeout=300)
     return [os.path.join(unit_dir, name) for name in present]
 
 
@@ -478,6 +467,20 @@ def units_active_enabled(units, run=None):
 RELABEL_PREFIXES = ("Relabeled ", "Would relabel ")
 
 
+def checked(argv, option, shown, run=None, timeout=600):
+    """Run a command that must succeed (LC_ALL=C, no stdin); FilesError naming the option and the command (`shown`)
+    when it cannot run or exits non-zero. Its result."""
+    try:
+        result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                         timeout=timeout, env=dict(os.environ, LC_ALL="C", SYSTEMD_PAGER=""))
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise FilesError("%s: %s did not run: %s" % (option, shown, error))
+    if result.returncode != 0:
+        raise FilesError("%s: %s failed (exit %d): %s"
+                         % (option, shown, result.returncode, (result.stderr or result.stdout).strip()[-400:]))
+    return result
+
+
 def relabel(paths, check_mode, run=None):
     """restorecon -R -v over the paths (-n in check mode: report only); the paths it relabelled or would, read from
     its lines "Relabeled PATH from OLD to NEW" and "Would relabel PATH from OLD to NEW"."""
@@ -487,14 +490,7 @@ def relabel(paths, check_mode, run=None):
         if not path.startswith("/"):
             raise FilesError("relabel: %r is not an absolute path" % (path,))
     argv = ["restorecon", "-R", "-v"] + (["-n"] if check_mode else []) + list(paths)
-    try:
-        result = (run or subprocess.run)(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                         timeout=600, env=dict(os.environ, LC_ALL="C"))
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise FilesError("relabel: restorecon did not run: %s" % error)
-    if result.returncode != 0:
-        raise FilesError("relabel: restorecon failed (exit %d): %s"
-                         % (result.returncode, (result.stderr or result.stdout).strip()[-400:]))
+    result = checked(argv, "relabel", "restorecon", run)
     relabelled = []
     for line in result.stdout.splitlines():
         for prefix in RELABEL_PREFIXES:
